@@ -1,0 +1,96 @@
+"""Behaviour cloning and %BC (CORL's `any_percent_bc.py`; the 10%BC baseline of Chen et al. 2021,
+"Decision Transformer", and the IQL paper's tables).
+
+A deterministic actor pi(s) = scale * tanh(f(s)) + bias regresses the dataset actions:
+
+    L = mean || pi(s) - a ||^2          (MSE over batch and action dims)
+
+With `--frac f` < 1 only the best f of the episodes by (discounted) return are kept (at least one);
+the state statistics are then computed on the kept episodes, as CORL does.
+
+Defaults (FACTS.md section 1): 2x256 ReLU MLP with tanh output, Adam 3e-4, batch 256, 1M steps,
+states normalized with std + 1e-3; `frac_discount` 1.0 as CORL's bc_10 configs.
+Deviation: episodes end where the dataset's episodes end (terminal or time limit) rather than at
+CORL's fixed 1000 steps, which is the same for D4RL-style locomotion data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from offrl.config import DataConfig, TrainConfig
+from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
+from offrl.data.preprocess import top_trajectories
+from offrl.nets import DeterministicActor
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(TrainConfig):
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of the actor."""
+    frac: float = 1.0
+    """Fraction of episodes kept, best first by return (0.1 = 10%BC; 1.0 = plain BC)."""
+    frac_discount: float = 1.0
+    """Discount used only to rank episodes for --frac."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+
+
+def bc_loss(predicted: torch.Tensor, data_actions: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(predicted, data_actions)
+
+
+class BC:
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.normalizer = data.preprocessing.state_normalizer(device)
+        self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, fused=device.type in ("cpu", "cuda"))
+        self._step = torch.compile(self.step) if cfg.run.compile else self.step
+
+    def step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        loss = bc_loss(self.actor(batch.observations), batch.actions)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return {"actor_loss": loss.detach()}
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self._step(batch)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(self.normalizer(obs))
+
+    def state_dict(self) -> dict:
+        return {"actor": self.actor.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "normalizer": self.normalizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "optimizer", "normalizer"):
+            getattr(self, name).load_state_dict(state[name])
+
+
+def train(cfg: Config) -> dict:
+    run = Run("bc", cfg)
+    data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount))
+    buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
+    agent = BC(cfg, data, run.device)
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish({"train/kept_episodes": data.dataset.num_episodes, "train/kept_transitions": len(data.dataset)})
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)

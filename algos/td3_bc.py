@@ -1,0 +1,152 @@
+"""TD3+BC: "A Minimalist Approach to Offline Reinforcement Learning" (Fujimoto & Gu, NeurIPS 2021).
+
+TD3 with a behaviour-cloning term in the actor loss and normalized states.
+
+Critic (twin Q, MSE each, summed):
+    a~' = clip(pi_targ(s') + clip(eps, -c, c), low, high),  eps ~ N(0, (sigma * scale)^2), c = 0.5 * scale
+    y   = r + gamma * (1 - d) * min_i Q_targ_i(s', a~')
+    L_Q = sum_i mean (Q_i(s, a) - y)^2
+Actor (every `policy_freq` critic steps):
+    lambda = alpha / mean|Q_1(s, pi(s))|            (denominator detached)
+    L_pi   = -lambda * mean Q_1(s, pi(s)) + mean (pi(s) - a)^2
+then Polyak updates of the actor and both critics with tau.
+
+Defaults are the paper's locomotion settings (FACTS.md section 2): alpha 2.5, gamma 0.99, tau 0.005,
+policy noise 0.2, noise clip 0.5, policy freq 2, batch 256, Adam 3e-4, 2x256 networks, states
+normalized with std + 1e-3, no reward normalization.
+
+Deviations: the twin critics are one batched ensemble (same maths as two networks); noise scale and
+clip use the per-dimension half-range of the action box (the paper's max_action for symmetric boxes);
+the actor loss back-propagates into the actor only (the paper computes, then discards, critic grads).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from offrl.config import DataConfig, TrainConfig
+from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
+from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(TrainConfig):
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the critics."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 0.005
+    """Polyak rate of the target networks."""
+    alpha: float = 2.5
+    """BC trade-off: lambda = alpha / mean|Q|."""
+    policy_noise: float = 0.2
+    """Target policy smoothing noise std, as a fraction of the action half-range."""
+    noise_clip: float = 0.5
+    """Clip of the smoothing noise, as a fraction of the action half-range."""
+    policy_freq: int = 2
+    """Actor and target updates every this many critic updates."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+
+
+def critic_target(batch: Batch, next_q: torch.Tensor, gamma: float) -> torch.Tensor:
+    """y = r + gamma * (1 - d) * min_i Q_targ_i(s', a~'); next_q is [E, B]."""
+    return batch.rewards + gamma * (1.0 - batch.terminals) * next_q.min(dim=0).values
+
+
+def actor_loss(q_pi: torch.Tensor, pi: torch.Tensor, data_actions: torch.Tensor, alpha: float):
+    """-lambda * mean Q(s, pi(s)) + MSE(pi(s), a) with lambda = alpha / mean|Q| (denominator detached)."""
+    lam = alpha / q_pi.abs().mean().detach()
+    return -lam * q_pi.mean() + F.mse_loss(pi, data_actions), lam
+
+
+class TD3BC:
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        self.normalizer = data.preprocessing.state_normalizer(device)
+        self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.critic = EnsembleCritic(data.obs_dim, data.act_dim, 2, cfg.hidden).to(device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.updates = 0
+        self.actor_metrics: dict[str, torch.Tensor] = {}
+        self._critic_step = torch.compile(self.critic_step) if cfg.run.compile else self.critic_step
+        self._actor_step = torch.compile(self.actor_step) if cfg.run.compile else self.actor_step
+
+    def critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            scale = self.actor.action_scale
+            noise = (torch.randn_like(batch.actions) * self.cfg.policy_noise).clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
+            next_actions = self.actor_target(batch.next_observations) + noise * scale
+            next_actions = torch.maximum(torch.minimum(next_actions, self.actor.action_bias + scale), self.actor.action_bias - scale)
+            target = critic_target(batch, self.critic_target(batch.next_observations, next_actions), self.cfg.gamma)
+        q = self.critic(batch.observations, batch.actions)
+        loss = ((q - target) ** 2).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_opt.step()
+        return {"critic_loss": loss.detach(), "q_mean": q.detach().mean()}
+
+    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        pi = self.actor(batch.observations)
+        q_pi = self.critic(batch.observations, pi)[0]
+        loss, lam = actor_loss(q_pi, pi, batch.actions, self.cfg.alpha)
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_opt.step()
+        soft_update(self.actor_target, self.actor, self.cfg.tau)
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        return {"actor_loss": loss.detach(), "lambda": lam.detach()}
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        metrics = self._critic_step(batch)
+        self.updates += 1
+        if self.updates % self.cfg.policy_freq == 0:
+            self.actor_metrics = self._actor_step(batch)
+        return {**metrics, **self.actor_metrics}
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(self.normalizer(obs))
+
+    def state_dict(self) -> dict:
+        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+                "actor_target": self.actor_target.state_dict(), "critic_target": self.critic_target.state_dict(),
+                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
+                "normalizer": self.normalizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer"):
+            getattr(self, name).load_state_dict(state[name])
+        self.updates = int(state["updates"])
+
+
+def train(cfg: Config) -> dict:
+    run = Run("td3_bc", cfg)
+    data = load_for_training(cfg.dataset, cfg.data)
+    buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
+    agent = TD3BC(cfg, data, run.device)
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish()
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)

@@ -1,0 +1,105 @@
+"""Config parts every algorithm shares. Each algorithm's `Config` subclasses `TrainConfig` and
+adds its own hyperparameters; tyro turns the field docstrings into `--help`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch
+
+
+@dataclass
+class DataConfig:
+    """Where the dataset's evaluation env comes from and how the data is preprocessed."""
+
+    env_id: Optional[str] = None
+    """Evaluation env id (e.g. Hopper-v5); default: the one the dataset records."""
+    download: bool = False
+    """Fetch a Minari dataset that is not local (needs network and `minari[hf]`)."""
+    make_if_missing: bool = True
+    """Generate an offrl suite dataset (offrl/...) that is not on disk yet."""
+    normalize_states: bool = False
+    """Standardize observations with dataset mean/std (+ eps); the same transform is applied at evaluation."""
+    state_norm_eps: float = 1e-3
+    """Added to the std when normalizing states."""
+    normalize_reward: bool = False
+    """IQL's return-range scaling: r <- r * 1000 / (max episode return - min episode return)."""
+    reward_scale: float = 1.0
+    """Multiply rewards by this (after return-range scaling)."""
+    reward_bias: float = 0.0
+    """Add this to rewards (after scaling)."""
+    clip_actions: bool = False
+    """Clip dataset actions into the env's bounds shrunk by 1e-5 (keeps atanh/log-probs finite)."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 5000
+    """Evaluate every this many gradient steps (and always at the end); 0 = only at the end."""
+    episodes: int = 10
+    """Episodes per evaluation, run in parallel in one vector env."""
+    seed_offset: int = 100
+    """Evaluation env seeds are seed + seed_offset + i (TD3+BC's official convention)."""
+
+
+@dataclass
+class LogConfig:
+    every: int = 1000
+    """Gather and write training metrics every this many steps."""
+    wandb: Literal["offline", "online", "disabled"] = "offline"
+    """wandb mode; offline runs sync later with `wandb sync`."""
+    project: str = "offrl"
+    """wandb project."""
+    group: Optional[str] = None
+    """wandb group (default: '<algo>-<dataset>')."""
+    name: Optional[str] = None
+    """Run name (default: '<seed>-<time>'); also the run folder's name."""
+    progress: bool = True
+    """Show a progress line with steps/s and the last evaluation score."""
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs"
+    """Runs go to <out_dir>/<algo>/<dataset>/<name>/."""
+    checkpoint_every: int = 50_000
+    """Write checkpoints/last.pt every this many steps (and at the end)."""
+    threads: Optional[int] = None
+    """torch CPU threads (default: torch's choice)."""
+    compile: bool = False
+    """Wrap the loss computation in torch.compile (about 10 s to compile)."""
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = "offrl/tiny-v0"
+    """Minari dataset id (e.g. offrl/hopper/medium-v0), D4RL .hdf5 file, or offrl .npz file."""
+    steps: int = 1_000_000
+    """Gradient steps."""
+    seed: int = 0
+    """Seed for torch, sampling and evaluation."""
+    device: str = "auto"
+    """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
+    resume: Optional[str] = None
+    """Continue a run: its folder, a checkpoint file, or 'latest' (newest run of this algo/dataset/seed)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from offrl.errors import OffrlError
+
+        raise OffrlError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

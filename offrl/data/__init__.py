@@ -1,0 +1,66 @@
+"""Datasets: loading, validation, preprocessing and the replay buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from offrl.data.buffer import Batch, ReplayBuffer
+from offrl.data.dataset import Dataset
+from offrl.data.preprocess import Preprocessing, StateNormalizer
+from offrl.data.sources import load_dataset
+from offrl.errors import DatasetError
+
+__all__ = ["Batch", "Dataset", "DatasetError", "Preprocessing", "ReplayBuffer", "StateNormalizer",
+           "TrainingData", "load_dataset", "load_for_training"]
+
+
+@dataclass
+class TrainingData:
+    """A preprocessed dataset with what an agent needs to know about its env."""
+
+    dataset: Dataset
+    preprocessing: Preprocessing
+    obs_dim: int
+    act_dim: int
+    action_low: np.ndarray
+    action_high: np.ndarray
+
+    @property
+    def metadata(self) -> dict:
+        return self.dataset.metadata
+
+
+def load_for_training(source: str, data_cfg, select=None) -> TrainingData:
+    """Load (making an offrl suite dataset if missing), check it against its evaluation env's
+    spaces, apply `select` (a Dataset -> Dataset filter, e.g. %BC's top trajectories) and then the
+    preprocessing `data_cfg` asks for, so statistics come from the data actually trained on."""
+    from offrl.data import preprocess, suite
+    from offrl.evaluation import make_env
+
+    if data_cfg.make_if_missing:
+        suite.ensure(source)
+    dataset = load_dataset(source, env_id=data_cfg.env_id, download=data_cfg.download)
+    env = make_env(dataset.metadata)
+    try:
+        check_env_compat(dataset, env.observation_space, env.action_space)
+        low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+    finally:
+        env.close()
+    if select is not None:
+        dataset = select(dataset)
+    dataset, pre = preprocess.apply(dataset, data_cfg, low, high)
+    return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high)
+
+
+def check_env_compat(dataset: Dataset, observation_space, action_space) -> None:
+    """The dataset's observation/action widths must match the env's spaces."""
+    obs_shape, act_shape = observation_space.shape, action_space.shape
+    env_id = dataset.metadata.get("env_id")
+    if obs_shape is None or int(np.prod(obs_shape)) != dataset.obs_dim:
+        raise DatasetError(dataset.name, f"observation width {dataset.obs_dim} does not match env {env_id}'s "
+                           f"observation space {obs_shape}", "observations")
+    if act_shape is None or int(np.prod(act_shape)) != dataset.act_dim:
+        raise DatasetError(dataset.name, f"action width {dataset.act_dim} does not match env {env_id}'s "
+                           f"action space {act_shape}", "actions")

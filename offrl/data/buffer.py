@@ -1,0 +1,81 @@
+"""Replay buffer on the training device.
+
+All fields live in one packed [capacity, width] tensor, so a batch is one gather and one split
+into views; indices come from a seeded `torch.Generator` on the same device, so sampling never
+syncs with the host. The buffer also takes online transitions (`add`), for SAC and fine-tuning.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from offrl.data.dataset import Dataset
+
+
+class Batch(NamedTuple):
+    observations: torch.Tensor  # [B, obs_dim]
+    actions: torch.Tensor  # [B, act_dim]
+    rewards: torch.Tensor  # [B]
+    next_observations: torch.Tensor  # [B, obs_dim]
+    terminals: torch.Tensor  # [B], 1 = do not bootstrap
+
+
+class ReplayBuffer:
+    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device | str = "cpu", seed: int = 0):
+        self.obs_dim, self.act_dim, self.capacity = obs_dim, act_dim, capacity
+        self.device = torch.device(device)
+        self._split = (obs_dim, act_dim, 1, obs_dim, 1)
+        self.storage = torch.zeros(capacity, sum(self._split), dtype=torch.float32, device=self.device)
+        self.size = 0
+        self.position = 0
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    @classmethod
+    def from_dataset(cls, dataset: Dataset, device: torch.device | str = "cpu", seed: int = 0,
+                     capacity: int | None = None) -> "ReplayBuffer":
+        buffer = cls(dataset.obs_dim, dataset.act_dim, capacity or len(dataset), device, seed)
+        buffer.add(dataset.observations, dataset.actions, dataset.rewards, dataset.next_observations, dataset.terminals)
+        return buffer
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, observations, actions, rewards, next_observations, terminals) -> None:
+        """Append rows (numpy or tensors, leading batch dim); oldest rows are overwritten when full."""
+        rows = torch.cat([
+            torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x, dtype=torch.float32, device=self.device)
+            .reshape(len(observations), -1)
+            for x in (observations, actions, rewards, next_observations, terminals)
+        ], dim=1)
+        n = len(rows)
+        if n > self.capacity:
+            rows, n = rows[-self.capacity:], self.capacity
+        end = self.position + n
+        if end <= self.capacity:
+            self.storage[self.position:end] = rows
+        else:
+            first = self.capacity - self.position
+            self.storage[self.position:] = rows[:first]
+            self.storage[: n - first] = rows[first:]
+        self.position = end % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int) -> Batch:
+        index = torch.randint(self.size, (batch_size,), device=self.device, generator=self.generator)
+        return self.gather(index)
+
+    def gather(self, index: torch.Tensor) -> Batch:
+        obs, act, rew, next_obs, term = self.storage[index].split(self._split, dim=1)
+        return Batch(obs, act, rew.squeeze(1), next_obs, term.squeeze(1))
+
+    def state_dict(self) -> dict:
+        """Sampling state only: the data itself is rebuilt from the dataset on resume."""
+        return {"generator": self.generator.get_state(), "size": self.size, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.size, self.position = int(state["size"]), int(state["position"])

@@ -1,0 +1,98 @@
+"""Preprocessing shared by all algorithms, applied in one place (`prepare`) so that training and
+evaluation see the same transform."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from offrl.data.dataset import Dataset
+from offrl.errors import DatasetError
+
+
+def state_stats(observations: np.ndarray, eps: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension mean and (std + eps), CORL's `compute_mean_std` + `normalize_states`."""
+    mean = observations.mean(0, dtype=np.float64).astype(np.float32)
+    std = (observations.std(0, dtype=np.float64) + eps).astype(np.float32)
+    return mean, std
+
+
+def normalize_states(dataset: Dataset, mean: np.ndarray, std: np.ndarray) -> Dataset:
+    return dataset.replace(observations=(dataset.observations - mean) / std,
+                           next_observations=(dataset.next_observations - mean) / std)
+
+
+def return_range_factor(dataset: Dataset) -> float:
+    """1000 / (max episode return - min episode return), official IQL's locomotion scaling."""
+    returns = dataset.episode_returns()
+    spread = float(returns.max() - returns.min())
+    if spread <= 0:
+        raise DatasetError(dataset.name, "all episodes have the same return; return-range reward scaling "
+                           "is undefined (turn off --data.normalize-reward)", "rewards")
+    return 1000.0 / spread
+
+
+def top_trajectories(dataset: Dataset, frac: float, discount: float = 1.0) -> Dataset:
+    """Keep the best `frac` of episodes by (discounted) return, at least one (CORL's %BC)."""
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"frac must be in (0, 1], got {frac}")
+    if frac == 1.0:
+        return dataset
+    returns = dataset.episode_returns(discount)
+    keep = max(1, int(round(frac * dataset.num_episodes)))
+    best = np.sort(np.argsort(-returns, kind="stable")[:keep])
+    return dataset.select_episodes(best)
+
+
+def clip_actions(dataset: Dataset, low: np.ndarray, high: np.ndarray, eps: float = 1e-5) -> Dataset:
+    """Clip into [low, high] shrunk by eps * half-range (official IQL clips to +-(1 - 1e-5))."""
+    half = (high - low) / 2.0
+    return dataset.replace(actions=np.clip(dataset.actions, low + eps * half, high - eps * half).astype(np.float32))
+
+
+@dataclass
+class Preprocessing:
+    """The transforms applied to a dataset; `obs_mean/obs_std` are None when states are raw."""
+
+    obs_mean: np.ndarray | None = None
+    obs_std: np.ndarray | None = None
+    reward_scale: float = 1.0
+    reward_bias: float = 0.0
+
+    def state_normalizer(self, device: torch.device) -> "StateNormalizer":
+        return StateNormalizer(self.obs_mean, self.obs_std, device)
+
+
+class StateNormalizer(torch.nn.Module):
+    """(obs - mean) / std on the device; the identity when states are not normalized. Saved with
+    the agent so a checkpoint alone evaluates correctly."""
+
+    def __init__(self, mean: np.ndarray | None, std: np.ndarray | None, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.enabled = mean is not None
+        self.register_buffer("mean", torch.as_tensor(mean if mean is not None else 0.0, dtype=torch.float32, device=device))
+        self.register_buffer("std", torch.as_tensor(std if std is not None else 1.0, dtype=torch.float32, device=device))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.mean) / self.std if self.enabled else obs
+
+
+def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None,
+          action_high: np.ndarray | None = None) -> tuple[Dataset, Preprocessing]:
+    """Apply the `DataConfig` options in a fixed order: action clip, reward scaling, state normalization."""
+    pre = Preprocessing()
+    if cfg.clip_actions:
+        if action_low is None or action_high is None:
+            raise ValueError("clip_actions needs the env's action bounds")
+        dataset = clip_actions(dataset, action_low, action_high)
+    scale = return_range_factor(dataset) if cfg.normalize_reward else 1.0
+    scale *= cfg.reward_scale
+    if scale != 1.0 or cfg.reward_bias != 0.0:
+        dataset = dataset.replace(rewards=(dataset.rewards * scale + cfg.reward_bias).astype(np.float32))
+    pre.reward_scale, pre.reward_bias = scale, cfg.reward_bias
+    if cfg.normalize_states:
+        pre.obs_mean, pre.obs_std = state_stats(dataset.observations, cfg.state_norm_eps)
+        dataset = normalize_states(dataset, pre.obs_mean, pre.obs_std)
+    return dataset, pre

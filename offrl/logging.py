@@ -1,0 +1,148 @@
+"""One logger for a run: `metrics.jsonl` (one JSON object per logged step), `config.json`,
+`environment.json` (package versions, git commit, device) and wandb (offline by default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("offrl", "torch", "numpy", "gymnasium", "mujoco", "minari", "tyro", "wandb", "h5py")
+
+
+def environment_info(device) -> dict[str, Any]:
+    import torch
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = None
+    info = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "packages": versions,
+        "git_commit": git_commit(),
+        "argv": sys.argv,
+    }
+    if getattr(device, "type", None) == "cuda":
+        info["cuda_device"] = torch.cuda.get_device_name(device)
+        info["cuda_version"] = torch.version.cuda
+    return info
+
+
+def git_commit() -> str | None:
+    """The commit of the offrl source tree (with '-dirty' when it has uncommitted changes)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5).stdout.strip()
+        if not commit:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Logger:
+    def __init__(self, run_dir: Path, config: dict, log_cfg, algo: str, dataset: str, device,
+                 wandb_id: str | None = None, resumed: bool = False):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        (self.run_dir / "environment.json").write_text(json.dumps(environment_info(device), indent=2))
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._file = open(self.metrics_path, "a")
+        self.wandb_run = None
+        self.wandb_id = wandb_id
+        if log_cfg.wandb != "disabled":
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=log_cfg.project, group=log_cfg.group or f"{algo}-{dataset}", name=self.run_dir.name,
+                dir=str(self.run_dir), config=config, mode=log_cfg.wandb, id=wandb_id,
+                resume="allow" if resumed else None, reinit="finish_previous",
+            )
+            self.wandb_id = self.wandb_run.id
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, "time": round(time.time(), 3), **metrics}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after `last_step` (they came from steps a resumed run will redo)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class Progress:
+    """A one-line progress display: redrawn in place on a terminal, a plain line every
+    `min_interval` seconds (and at every evaluation) otherwise."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True, start: int = 0, min_interval: float = 10.0):
+        self.total, self.label, self.enabled = total, label, enabled
+        self.tty = sys.stderr.isatty()
+        self.start_time, self.start_step = time.perf_counter(), start
+        self.last_print = 0.0
+        self.min_interval = min_interval
+        self.score: float | None = None
+
+    def steps_per_second(self, step: int) -> float:
+        elapsed = time.perf_counter() - self.start_time
+        return (step - self.start_step) / elapsed if elapsed > 0 else 0.0
+
+    def update(self, step: int, score: float | None = None, force: bool = False) -> None:
+        if score is not None:
+            self.score = score
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if not (self.tty or force or now - self.last_print >= self.min_interval):
+            return
+        self.last_print = now
+        rate = self.steps_per_second(step)
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        score_text = f"{self.score:.1f}" if self.score is not None else "-"
+        line = (f"{self.label} | step {step}/{self.total} ({100 * step / max(self.total, 1):.0f}%) | "
+                f"{rate:.0f} steps/s | eval score {score_text} | eta {_duration(eta)}")
+        sys.stderr.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"

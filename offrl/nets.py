@@ -1,0 +1,222 @@
+"""Network building blocks.
+
+Actors work in a normalized action space [-1, 1] internally and map to the env's bounds with
+`action_scale` / `action_bias` buffers, so asymmetric Box bounds work too. Critic ensembles are one
+`EnsembleLinear` stack (a [E, in, out] weight and one `baddbmm`), never a Python loop over members.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activation: type[nn.Module] = nn.ReLU,
+        layer_norm: bool = False, dropout: float = 0.0, output_activation: type[nn.Module] | None = None) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers.append(nn.Linear(in_dim, width))
+        if layer_norm:
+            layers.append(nn.LayerNorm(width))
+        layers.append(activation())
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        in_dim = width
+    layers.append(nn.Linear(in_dim, out_dim))
+    if output_activation is not None:
+        layers.append(output_activation())
+    return nn.Sequential(*layers)
+
+
+class EnsembleLinear(nn.Module):
+    """E independent linear layers as one [E, in, out] weight: x [E, B, in] (or [B, in], shared) -> [E, B, out].
+
+    Each member is initialized like `nn.Linear` (uniform in +-1/sqrt(in))."""
+
+    def __init__(self, ensemble_size: int, in_dim: int, out_dim: int):
+        super().__init__()
+        self.ensemble_size, self.in_dim, self.out_dim = ensemble_size, in_dim, out_dim
+        self.weight = nn.Parameter(torch.empty(ensemble_size, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.empty(ensemble_size, 1, out_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.in_dim)
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.ensemble_size, -1, -1)
+        return torch.baddbmm(self.bias, x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"ensemble_size={self.ensemble_size}, in_dim={self.in_dim}, out_dim={self.out_dim}"
+
+
+class EnsembleLayerNorm(nn.Module):
+    """LayerNorm over the last dim with a separate affine transform per member."""
+
+    def __init__(self, ensemble_size: int, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ensemble_size, 1, dim))
+        self.bias = nn.Parameter(torch.zeros(ensemble_size, 1, dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight + self.bias
+
+
+class EnsembleMLP(nn.Module):
+    """E MLPs evaluated together: [B, in] or [E, B, in] -> [E, B, out]."""
+
+    def __init__(self, ensemble_size: int, in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256),
+                 activation: type[nn.Module] = nn.ReLU, layer_norm: bool = False):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for width in hidden:
+            layers.append(EnsembleLinear(ensemble_size, in_dim, width))
+            if layer_norm:
+                layers.append(EnsembleLayerNorm(ensemble_size, width))
+            layers.append(activation())
+            in_dim = width
+        layers.append(EnsembleLinear(ensemble_size, in_dim, out_dim))
+        self.net = nn.Sequential(*layers)
+        self.ensemble_size = ensemble_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class EnsembleCritic(nn.Module):
+    """Q_1..Q_E(s, a) -> [E, B]; E = 2 gives TD3/SAC's twin critics in one batched module."""
+
+    def __init__(self, obs_dim: int, act_dim: int, ensemble_size: int = 2, hidden: Sequence[int] = (256, 256),
+                 layer_norm: bool = False):
+        super().__init__()
+        self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, 1, hidden, layer_norm=layer_norm)
+        self.ensemble_size = ensemble_size
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([obs, action], dim=-1)).squeeze(-1)
+
+
+class ValueNetwork(nn.Module):
+    """V(s) -> [B]."""
+
+    def __init__(self, obs_dim: int, hidden: Sequence[int] = (256, 256), layer_norm: bool = False):
+        super().__init__()
+        self.net = mlp(obs_dim, 1, hidden, layer_norm=layer_norm)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).squeeze(-1)
+
+
+class _ActionScaling(nn.Module):
+    def __init__(self, action_low: np.ndarray | Sequence[float], action_high: np.ndarray | Sequence[float]):
+        super().__init__()
+        low = torch.as_tensor(np.asarray(action_low, dtype=np.float32))
+        high = torch.as_tensor(np.asarray(action_high, dtype=np.float32))
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ValueError("actors need finite action bounds")
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def to_env(self, unit_action: torch.Tensor) -> torch.Tensor:
+        return unit_action * self.action_scale + self.action_bias
+
+    def to_unit(self, env_action: torch.Tensor) -> torch.Tensor:
+        return (env_action - self.action_bias) / self.action_scale
+
+
+class DeterministicActor(_ActionScaling):
+    """a = scale * tanh(f(s)) + bias (TD3, TD3+BC, BC)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, action_low, action_high, hidden: Sequence[int] = (256, 256),
+                 layer_norm: bool = False, dropout: float = 0.0):
+        super().__init__(action_low, action_high)
+        self.net = mlp(obs_dim, act_dim, hidden, layer_norm=layer_norm, dropout=dropout, output_activation=nn.Tanh)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.to_env(self.net(obs))
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self(obs)
+
+
+class TanhGaussianActor(_ActionScaling):
+    """SAC/CQL's policy: u ~ N(mu(s), sigma(s)), a = scale * tanh(u) + bias, with the tanh (and scale)
+    change-of-variables in the log-probability. log sigma is clamped to [log_std_min, log_std_max]."""
+
+    def __init__(self, obs_dim: int, act_dim: int, action_low, action_high, hidden: Sequence[int] = (256, 256),
+                 layer_norm: bool = False, log_std_min: float = -5.0, log_std_max: float = 2.0):
+        super().__init__(action_low, action_high)
+        self.trunk = mlp(obs_dim, 2 * act_dim, hidden, layer_norm=layer_norm)
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+
+    def distribution(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.trunk(obs).chunk(2, dim=-1)
+        return mean, log_std.clamp(self.log_std_min, self.log_std_max)
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterized sample (or the mode) and its log-probability, shape [..., act_dim] and [...]."""
+        mean, log_std = self.distribution(obs)
+        std = log_std.exp()
+        u = mean if deterministic else mean + std * torch.randn_like(mean)
+        log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|.
+        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        log_prob = log_prob - torch.log(self.action_scale).sum()
+        return self.to_env(torch.tanh(u)), log_prob
+
+    def log_prob(self, obs: torch.Tensor, action: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        """log pi(a|s) of given env actions (clipped just inside the bounds)."""
+        mean, log_std = self.distribution(obs)
+        y = self.to_unit(action).clamp(-1.0 + eps, 1.0 - eps)
+        u = torch.atanh(y)
+        log_prob = (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        return log_prob - torch.log(self.action_scale).sum()
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        mean, _ = self.distribution(obs)
+        return self.to_env(torch.tanh(mean))
+
+
+class GaussianActor(_ActionScaling):
+    """IQL's policy: N(tanh(f(s)), exp(log_std)) in the unit action space, with a state-independent
+    log-std clipped to [log_std_min, log_std_max]; not tanh-squashed. The mode is the action."""
+
+    def __init__(self, obs_dim: int, act_dim: int, action_low, action_high, hidden: Sequence[int] = (256, 256),
+                 dropout: float = 0.0, log_std_min: float = -5.0, log_std_max: float = 2.0):
+        super().__init__(action_low, action_high)
+        self.net = mlp(obs_dim, act_dim, hidden, dropout=dropout, output_activation=nn.Tanh)
+        self.log_std = nn.Parameter(torch.zeros(act_dim))
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+
+    def log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        mean = self.net(obs)
+        log_std = self.log_std.clamp(self.log_std_min, self.log_std_max)
+        u = self.to_unit(action)
+        return (-0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.to_env(self.net(obs))
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self(obs)
+
+
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) * target + tau * source, as one fused op over all parameters."""
+    with torch.no_grad():
+        target_params = list(target.parameters())
+        torch._foreach_lerp_(target_params, list(source.parameters()), tau)

@@ -1,0 +1,215 @@
+"""What every training loop shares: the run folder, seeding, resume, logging, evaluation,
+checkpoints, the divergence check and the final metrics. An algorithm file drives it:
+
+    run = Run("td3_bc", cfg)
+    ... build dataset, networks, optimizers ...
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):               # restores `state` first when resuming
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)                  # host sync only every log.every steps
+        run.evaluate(step, agent.act)           # every eval.every steps and at the end
+        run.checkpoint(step, state)             # every run.checkpoint_every steps and at the end
+    return run.finish()
+
+A run lives in <out_dir>/<algo>/<dataset>/<seed>-<time>/ with config.json, environment.json,
+metrics.jsonl, final.json and checkpoints/last.pt. Resuming reopens the folder, restores models,
+optimizers, sampler and RNG state, and drops metrics logged after the checkpoint, so an
+interrupted-and-resumed run ends with the same numbers as an uninterrupted one (CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from offrl import checkpoint as ckpt
+from offrl.config import resolve_device, to_dict
+from offrl.data.sources import sanitize
+from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
+from offrl.evaluation import evaluate
+from offrl.logging import Logger, Progress, truncate_metrics
+
+# Top-level config fields that may change when a run is resumed: they do not change what is trained.
+RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Run:
+    def __init__(self, algo: str, cfg: Any):
+        self.algo, self.cfg = algo, cfg
+        self.device = resolve_device(cfg.device)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        seed_everything(cfg.seed)
+        self.config = to_dict(cfg)
+        self.dataset_name = sanitize(cfg.dataset)
+        self.resume_from: Path | None = None
+        if cfg.resume:
+            self.dir, self.resume_from = self._find_resume(cfg.resume)
+        else:
+            name = cfg.log.name or f"{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+            self.dir = self._unique(Path(cfg.run.out_dir) / algo / self.dataset_name / name)
+        self.checkpoint_path = self.dir / "checkpoints" / "last.pt"
+        self.start_step = 0
+        self.best_score: float | None = None
+        self.last_eval: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
+        self.last_checkpoint_step: int | None = None
+        self._pending: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self._restored_state: dict | None = None
+        wandb_id = None
+        if self.resume_from is not None:
+            self._restored_state = ckpt.load(self.resume_from, map_location=self.device)
+            self._check_same_config(self._restored_state)
+            self.start_step = int(self._restored_state["step"])
+            self.best_score = self._restored_state.get("best_score")
+            self.last_eval = json.loads(self._restored_state.get("last_eval", "{}"))
+            wandb_id = self._restored_state.get("wandb_id")
+            truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
+        self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
+                             wandb_id=wandb_id, resumed=self.resume_from is not None)
+        self.progress = Progress(cfg.steps, f"{algo} {cfg.dataset} seed {cfg.seed}", cfg.log.progress, self.start_step)
+        self.start_time = time.perf_counter()
+
+    # ------------------------------------------------------------------------------ run folders
+    @staticmethod
+    def _unique(path: Path) -> Path:
+        candidate, i = path, 1
+        while candidate.exists():
+            candidate, i = path.with_name(f"{path.name}-{i}"), i + 1
+        candidate.mkdir(parents=True)
+        return candidate
+
+    def _find_resume(self, resume: str) -> tuple[Path, Path]:
+        if resume == "latest":
+            base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
+            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if (p / "checkpoints" / "last.pt").exists()),
+                                key=lambda p: (p / "checkpoints" / "last.pt").stat().st_mtime)
+            if not candidates:
+                raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{self.cfg.seed}-*")
+            return candidates[-1], candidates[-1] / "checkpoints" / "last.pt"
+        path = Path(resume)
+        if path.is_dir():
+            return path, path / "checkpoints" / "last.pt"
+        if path.is_file():
+            return path.parent.parent, path
+        raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
+
+    def _check_same_config(self, state: dict) -> None:
+        saved = json.loads(state.get("config", "{}"))
+        changed = [key for key in sorted(set(saved) | set(self.config))
+                   if key not in RESUMABLE_CHANGES and saved.get(key) != self.config.get(key)]
+        if changed:
+            details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.config.get(k)!r}" for k in changed)
+            raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
+
+    # ------------------------------------------------------------------------------------ loop
+    def steps(self, state: dict[str, Any]) -> Iterator[int]:
+        """Restore `state` when resuming, then yield step numbers start+1 .. cfg.steps."""
+        if self._restored_state is not None:
+            ckpt.load_state_dicts(state, self._restored_state["objects"], str(self.resume_from))
+            rng = self._restored_state["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            self.last_checkpoint_step = self.start_step
+            self._restored_state = None
+            print(f"resumed {self.dir} at step {self.start_step}", file=sys.stderr)
+        self._state = state
+        return iter(range(self.start_step + 1, self.cfg.steps + 1))
+
+    def _due(self, step: int, every: int) -> bool:
+        return step == self.cfg.steps or (every > 0 and step % every == 0)
+
+    def log(self, step: int, metrics: dict[str, torch.Tensor], force: bool = False) -> None:
+        """Keep the tensors; gather them to the host (one sync) every log.every steps."""
+        if not (force or self._due(step, self.cfg.log.every)):
+            return
+        names = list(metrics)
+        values = torch.stack([metrics[k].detach().float().reshape(()) for k in names]).cpu().tolist()
+        row = dict(zip(names, values))
+        bad = [k for k, v in row.items() if not np.isfinite(v)]
+        if bad:
+            kept = (f"the last good checkpoint (step {self.last_checkpoint_step}) is kept at {self.checkpoint_path}"
+                    if self.last_checkpoint_step is not None else "no checkpoint was written before it")
+            self.logger.log(step, row)
+            self.logger.close()
+            raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
+        row["steps_per_second"] = self.progress.steps_per_second(step)
+        self.last_metrics = row
+        self.logger.log(step, row)
+        self.progress.update(step)
+
+    def evaluate(self, step: int, policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict,
+                 force: bool = False) -> dict[str, float] | None:
+        if not (force or self._due(step, self.cfg.eval.every)):
+            return None
+        result = evaluate(policy, metadata, self.cfg.eval.episodes, self.cfg.seed + self.cfg.eval.seed_offset, self.device)
+        summary = result.summary()
+        score = summary.get("eval/normalized_score", summary["eval/return_mean"])
+        self.best_score = score if self.best_score is None else max(self.best_score, score)
+        summary["eval/best_score"] = self.best_score
+        self.last_eval = summary
+        self.logger.log(step, summary)
+        self.progress.update(step, score, force=True)
+        return summary
+
+    def checkpoint(self, step: int, state: dict[str, Any] | None = None, force: bool = False) -> None:
+        if not (force or self._due(step, self.cfg.run.checkpoint_every)):
+            return
+        state = state if state is not None else self._state
+        rng = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        ckpt.save(self.checkpoint_path, {
+            "step": step, "algo": self.algo, "config": json.dumps(self.config, default=str),
+            "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
+            "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
+            "wandb_id": self.logger.wandb_id,
+        })
+        self.last_checkpoint_step = step
+
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write final.json, print the final score, close the logger; return the final metrics."""
+        self.progress.close()
+        final = {
+            "algo": self.algo, "dataset": self.cfg.dataset, "seed": self.cfg.seed, "steps": self.cfg.steps,
+            "run_dir": str(self.dir), **self.last_eval, **{f"train/{k}": v for k, v in self.last_metrics.items()},
+            "wall_seconds": time.perf_counter() - self.start_time, **(extra or {}),
+        }
+        (self.dir / "final.json").write_text(json.dumps(final, indent=2))
+        self.logger.close()
+        score = self.last_eval.get("eval/normalized_score")
+        if score is not None:
+            print(f"final normalized score: {score:.1f} ± {self.last_eval['eval/normalized_score_std']:.1f} "
+                  f"(return {self.last_eval['eval/return_mean']:.1f}, {self.cfg.eval.episodes} episodes) -> {self.dir}")
+        elif self.last_eval:
+            print(f"final return: {self.last_eval['eval/return_mean']:.1f} (no reference scores) -> {self.dir}")
+        return final
+
+
+def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Parse a Config with tyro and train; input errors print one line and exit 1, no traceback."""
+    import tyro
+
+    cfg = tyro.cli(config_cls, args=argv, prog=prog)
+    try:
+        train(cfg)
+    except OffrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print("interrupted; continue with --resume latest", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -1,0 +1,43 @@
+"""Normalized scores: 100 * (return - ref_min) / (ref_max - ref_min).
+
+Reference scores come from the dataset's metadata (the offrl suite and Minari datasets with an
+expert policy), or, for D4RL files, from D4RL's table (FACTS.md section 0). The D4RL values were
+measured on mujoco-py v2 environments; they are only used for D4RL files and say so in
+`ref_source`, never for the Gymnasium v5 suite.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# d4rl/infos.py REF_MIN_SCORE / REF_MAX_SCORE, shared by every dataset of an env (random/medium/...).
+D4RL_REF_SCORES: dict[str, tuple[float, float]] = {
+    "hopper": (-20.272305, 3234.3),
+    "halfcheetah": (-280.178953, 12135.0),
+    "walker2d": (1.629008, 4592.3),
+    "ant": (-325.6, 3879.7),
+}
+
+GYMNASIUM_ENV_FOR_D4RL = {
+    "hopper": "Hopper-v5",
+    "halfcheetah": "HalfCheetah-v5",
+    "walker2d": "Walker2d-v5",
+    "ant": "Ant-v5",
+}
+
+
+def d4rl_env_from_name(name: str) -> str | None:
+    """'hopper-medium-v2' -> 'hopper'; None when the name is not a D4RL locomotion dataset."""
+    match = re.match(r"^(hopper|halfcheetah|walker2d|ant)[-_]", name.lower())
+    return match.group(1) if match else None
+
+
+def normalized_score(returns, ref_min: float | None, ref_max: float | None):
+    """Elementwise normalized score (0 = reference random, 100 = reference expert); None without refs."""
+    if ref_min is None or ref_max is None:
+        return None
+    if ref_max == ref_min:
+        raise ValueError(f"reference scores are equal ({ref_min}); cannot normalize")
+    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min) / (ref_max - ref_min)
