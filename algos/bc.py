@@ -79,8 +79,8 @@ class BC:
 
 
 def train(cfg: Config) -> dict:
-    run = Run("bc", cfg)
     data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount))
+    run = Run("bc", cfg)
     buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
     agent = BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}

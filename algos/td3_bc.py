@@ -135,8 +135,8 @@ class TD3BC:
 
 
 def train(cfg: Config) -> dict:
-    run = Run("td3_bc", cfg)
     data = load_for_training(cfg.dataset, cfg.data)
+    run = Run("td3_bc", cfg)
     buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
     agent = TD3BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}

@@ -53,7 +53,7 @@ class Run:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.seed)
-        self.config = to_dict(cfg)
+        self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
         self.dataset_name = sanitize(cfg.dataset)
         self.resume_from: Path | None = None
         if cfg.resume:
@@ -76,6 +76,7 @@ class Run:
             self.start_step = int(self._restored_state["step"])
             self.best_score = self._restored_state.get("best_score")
             self.last_eval = json.loads(self._restored_state.get("last_eval", "{}"))
+            self.last_metrics = json.loads(self._restored_state.get("last_metrics", "{}"))
             wandb_id = self._restored_state.get("wandb_id")
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
@@ -177,6 +178,7 @@ class Run:
             "step": step, "algo": self.algo, "config": json.dumps(self.config, default=str),
             "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
+            "last_metrics": json.dumps(self.last_metrics),
             "wandb_id": self.logger.wandb_id,
         })
         self.last_checkpoint_step = step
@@ -204,6 +206,9 @@ def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | N
     """Parse a Config with tyro and train; input errors print one line and exit 1, no traceback."""
     import tyro
 
+    if prog is None:
+        main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        prog = f"python -m {main_spec.name}" if main_spec is not None else None
     cfg = tyro.cli(config_cls, args=argv, prog=prog)
     try:
         train(cfg)

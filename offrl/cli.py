@@ -1,0 +1,143 @@
+"""The `offrl` command.
+
+    offrl datasets list                       local Minari datasets and the ones offrl can make
+    offrl datasets info <id-or-path>          size, returns, reference scores, checksum
+    offrl datasets validate <id-or-path>      load, check every field and the env's spaces
+    offrl datasets make <id> [--force]        generate an offrl dataset (e.g. offrl/tiny-v0)
+    offrl train <algo> [options]              same options as `python -m algos.<algo>`
+
+Input errors print one line (`error: ...`) and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import warnings
+
+from offrl.errors import OffrlError
+
+ALGORITHMS = ("bc", "td3_bc")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        return train_command(argv[1:])
+    parser = argparse.ArgumentParser(prog="offrl", description="Offline RL toolkit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="train an algorithm: offrl train <algo> [options] (see offrl train <algo> --help)")
+    datasets = sub.add_parser("datasets", help="list, inspect, validate and make datasets")
+    dsub = datasets.add_subparsers(dest="action", required=True)
+    dsub.add_parser("list", help="local Minari datasets and the datasets offrl can make")
+    info = dsub.add_parser("info", help="size, returns, reference scores and checksum of a dataset")
+    info.add_argument("source", help="Minari id, .hdf5 (D4RL format) or .npz path")
+    info.add_argument("--env-id", help="evaluation env id for files that do not record one")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    validate = dsub.add_parser("validate", help="check a dataset's fields and its env's spaces")
+    validate.add_argument("source", help="Minari id, .hdf5 (D4RL format) or .npz path")
+    validate.add_argument("--env-id", help="evaluation env id for files that do not record one")
+    make = dsub.add_parser("make", help="generate an offrl dataset as a local Minari dataset")
+    make.add_argument("dataset_id", help="e.g. offrl/tiny-v0")
+    make.add_argument("--force", action="store_true", help="replace an existing dataset")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning, module="minari")
+    try:
+        {"list": datasets_list, "info": datasets_info, "validate": datasets_validate, "make": datasets_make}[args.action](args)
+    except OffrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def train_command(argv: list[str]) -> None:
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: offrl train <algo> [options]   algorithms: {', '.join(ALGORITHMS)}", file=sys.stderr)
+        raise SystemExit(2)
+    algo, rest = argv[0], argv[1:]
+    if algo not in ALGORITHMS:
+        print(f"error: unknown algorithm '{algo}' (known: {', '.join(ALGORITHMS)})", file=sys.stderr)
+        raise SystemExit(2)
+    from offrl.run import cli_main
+
+    # offrl/ never imports algos/ statically; the CLI dispatches by name, as `python -m algos.<algo>` would.
+    module = importlib.import_module(f"algos.{algo}")
+    cli_main(module.Config, module.train, argv=rest, prog=f"offrl train {algo}")
+
+
+def describe(dataset) -> dict:
+    from offrl.scores import normalized_score
+
+    returns = dataset.episode_returns()
+    meta = dataset.metadata
+    norm = normalized_score(returns, meta.get("ref_min_score"), meta.get("ref_max_score"))
+    return {
+        "id": meta.get("name"), "source": meta.get("source"), "env_id": meta.get("env_id"),
+        "transitions": len(dataset), "episodes": dataset.num_episodes,
+        "terminals": int(dataset.terminals.sum()), "timeouts": int(dataset.timeouts.sum()),
+        "obs_dim": dataset.obs_dim, "act_dim": dataset.act_dim,
+        "return_mean": float(returns.mean()), "return_min": float(returns.min()), "return_max": float(returns.max()),
+        "normalized_return_mean": None if norm is None else float(norm.mean()),
+        "ref_min_score": meta.get("ref_min_score"), "ref_max_score": meta.get("ref_max_score"),
+        "ref_source": meta.get("ref_source"), "checksum": meta.get("checksum"),
+        "stored_checksum": meta.get("stored_checksum"), "description": meta.get("description"),
+    }
+
+
+def datasets_list(args) -> None:
+    import minari
+
+    from offrl.data import suite
+
+    local = minari.list_local_datasets()
+    ids = sorted(set(local) | set(suite.RECIPES))
+    print(f"{'id':40s} {'status':10s} {'episodes':>8s} {'steps':>9s}  env")
+    for dataset_id in ids:
+        if dataset_id in local:
+            meta = local[dataset_id]
+            env = json.loads(meta["env_spec"])["id"] if meta.get("env_spec") else "-"
+            print(f"{dataset_id:40s} {'local':10s} {meta.get('total_episodes', '?'):>8} {meta.get('total_steps', '?'):>9}  {env}")
+        else:
+            print(f"{dataset_id:40s} {'makeable':10s} {'-':>8s} {'-':>9s}  (offrl datasets make {dataset_id})")
+    print(f"datasets folder: {suite.datasets_root()}")
+
+
+def datasets_info(args) -> None:
+    from offrl.data import load_dataset
+
+    info = describe(load_dataset(args.source, env_id=args.env_id))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return
+    for key, value in info.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        print(f"{key:24s} {value}")
+
+
+def datasets_validate(args) -> None:
+    from offrl.data import check_env_compat, load_dataset
+    from offrl.evaluation import make_env
+
+    dataset = load_dataset(args.source, env_id=args.env_id)
+    env = make_env(dataset.metadata)
+    try:
+        check_env_compat(dataset, env.observation_space, env.action_space)
+    finally:
+        env.close()
+    print(f"ok: {args.source}: {len(dataset)} transitions, {dataset.num_episodes} episodes, "
+          f"env {dataset.metadata.get('env_id')}, checksum {dataset.metadata['checksum']}")
+
+
+def datasets_make(args) -> None:
+    from offrl.data import suite
+
+    result = suite.make(args.dataset_id, overwrite=args.force)
+    print(f"made {result['id']}: {result['transitions']} transitions, {result['episodes']} episodes in "
+          f"{result['seconds']:.1f} s, checksum {result['checksum']} -> {suite.local_path(result['id'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Shared fixtures: every test session gets its own Minari datasets folder with offrl/tiny-v0 in it."""
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def minari_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("minari")
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(root)
+    os.environ["WANDB_SILENT"] = "true"
+    warnings.filterwarnings("ignore", category=UserWarning, module="minari")
+    yield root
+    if old is None:
+        os.environ.pop("MINARI_DATASETS_PATH", None)
+    else:
+        os.environ["MINARI_DATASETS_PATH"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny(minari_root):
+    """The tiny dataset, made once per session; returns its id."""
+    from offrl.data import suite
+
+    suite.ensure("offrl/tiny-v0")
+    return "offrl/tiny-v0"
+
+
+def run_cli(*args, cwd=None, timeout=300, check=True):
+    """Run a command line as a user would (python -m ... / offrl ...) and return the result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(list(args), cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+    return result
+
+
+PYTHON = sys.executable

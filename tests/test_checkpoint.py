@@ -1,0 +1,65 @@
+"""Atomic checkpoint writes, safe loading, clear errors."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from offrl import checkpoint as ckpt
+from offrl.errors import CheckpointError
+
+
+def test_round_trip(tmp_path):
+    state = {"step": 3, "w": torch.arange(4.0), "nested": {"opt": [1, 2.5, "x"]}}
+    ckpt.save(tmp_path / "c.pt", state)
+    back = ckpt.load(tmp_path / "c.pt")
+    assert back["step"] == 3 and back["nested"] == state["nested"]
+    torch.testing.assert_close(back["w"], state["w"])
+
+
+def test_a_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ckpt.save(path, {"step": 1})
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError):
+        ckpt.save(path, {"step": 2})
+    monkeypatch.undo()
+    assert ckpt.load(path)["step"] == 1
+    assert os.listdir(tmp_path) == ["last.pt"]  # no temp file left behind
+
+
+def test_corrupt_and_missing_checkpoints_raise_checkpoint_error(tmp_path):
+    path = tmp_path / "c.pt"
+    ckpt.save(path, {"step": 1, "w": torch.zeros(1000)})
+    path.write_bytes(path.read_bytes()[:200])  # truncated
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        ckpt.load(path)
+    with pytest.raises(CheckpointError, match="not found"):
+        ckpt.load(tmp_path / "nothing.pt")
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_loading_refuses_arbitrary_objects(tmp_path):
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as f:
+        pickle.dump({"step": Payload()}, f)
+    with pytest.raises(CheckpointError):
+        ckpt.load(path)
+
+
+def test_state_that_does_not_fit_names_the_object():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match="'actor'"):
+        ckpt.load_state_dicts({"actor": model}, {"actor": torch.nn.Linear(3, 2).state_dict()}, "x.pt")
+    with pytest.raises(CheckpointError, match="no state for critic"):
+        ckpt.load_state_dicts({"critic": model}, {}, "x.pt")

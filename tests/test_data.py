@@ -1,0 +1,282 @@
+"""Data layer: Minari alignment, D4RL semantics, npz round trip, validation errors, preprocessing, buffer."""
+
+import gymnasium as gym
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from offrl.data import ReplayBuffer, load_dataset
+from offrl.data import preprocess, suite
+from offrl.data.dataset import Dataset
+from offrl.errors import DatasetError
+
+from conftest import PYTHON, run_cli
+
+
+# ------------------------------------------------------------------------------ Minari alignment
+def test_minari_rows_equal_the_env_steps_that_produced_them():
+    """Episodes of different lengths, some terminated and some truncated: every (s, a, r, s', done)
+    row must be exactly the env step that produced it, with timeouts kept apart from terminals."""
+    env = gym.make("InvertedPendulum-v5", max_episode_steps=40)
+    rng = np.random.default_rng(3)
+    recorded, episodes = [], []
+    # noise 0 balances until the 40-step limit (truncated); large noise falls early (terminated);
+    # the last episode is cut by the recorder after 17 steps (truncated without the limit).
+    for index, (noise, cut) in enumerate([(0.0, None), (3.0, None), (0.0, 17), (2.0, None), (0.0, None)]):
+        obs, _ = env.reset(seed=100 + index)
+        observations, actions, rewards, terms, truncs = [obs], [], [], [], []
+        while True:
+            action = np.clip(np.array([1.0, 10.0, 1.0, 1.0]) @ obs + noise * rng.standard_normal(1), -3, 3).astype(np.float32)
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            truncated = truncated or (cut is not None and len(actions) + 1 >= cut and not terminated)
+            recorded.append((obs, action, reward, next_obs, terminated, truncated))
+            observations.append(next_obs), actions.append(action), rewards.append(reward)
+            terms.append(terminated), truncs.append(truncated)
+            obs = next_obs
+            if terminated or truncated:
+                break
+        episodes.append(suite.Episode(np.array(observations), np.array(actions), np.array(rewards),
+                                      np.array(terms), np.array(truncs), seed=100 + index))
+    lengths = [len(e) for e in episodes]
+    assert len(set(lengths)) >= 3, lengths
+    assert any(e.terminations[-1] for e in episodes) and any(e.truncations[-1] for e in episodes)
+
+    made = suite.MadeDataset(episodes, env.spec, 0.0, 40.0, "alignment test", "test")
+    suite.write_minari_dataset("test/alignment-v0", made)
+    ds = load_dataset("test/alignment-v0")
+
+    assert len(ds) == len(recorded) == sum(lengths)
+    assert ds.episode_starts.tolist() == np.cumsum([0] + lengths[:-1]).tolist()
+    for row, (obs, action, reward, next_obs, terminated, truncated) in enumerate(recorded):
+        np.testing.assert_array_equal(ds.observations[row], obs.astype(np.float32))
+        np.testing.assert_array_equal(ds.actions[row], action)
+        assert ds.rewards[row] == np.float32(reward)
+        np.testing.assert_array_equal(ds.next_observations[row], next_obs.astype(np.float32))
+        assert ds.terminals[row] == float(terminated)
+        assert ds.timeouts[row] == float(truncated)
+    assert ds.metadata["checksum"] == ds.metadata["stored_checksum"]
+    assert ds.metadata["env_spec"] and '"max_episode_steps": 40' in ds.metadata["env_spec"]
+
+
+def test_failed_write_leaves_no_dataset_behind(monkeypatch):
+    import minari
+
+    env = gym.make("InvertedPendulum-v5")
+    episode = suite.rollout(env, lambda o: np.zeros(1), seed=0, max_steps=5)
+    made = suite.MadeDataset([episode], env.spec, 0.0, 1.0, "d", "a")
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", explode)
+    with pytest.raises(RuntimeError):
+        suite.write_minari_dataset("test/broken-v0", made)
+    monkeypatch.undo()
+    assert not suite.local_path("test/broken-v0").exists()
+    minari.list_local_datasets()  # a half-written folder would make this crash
+
+
+# ----------------------------------------------------------------------------------- D4RL hdf5
+def write_hdf5(path, **arrays):
+    with h5py.File(path, "w") as f:
+        for key, value in arrays.items():
+            f[key] = value
+    return str(path)
+
+
+def d4rl_arrays(n=10, obs_dim=2):
+    obs = np.arange(n, dtype=np.float32)[:, None].repeat(obs_dim, 1)
+    terminals = np.zeros(n, bool)
+    terminals[3] = True
+    timeouts = np.zeros(n, bool)
+    timeouts[6] = True
+    return dict(observations=obs, actions=np.full((n, 1), 0.5, np.float32),
+                rewards=np.arange(n, dtype=np.float32), terminals=terminals, timeouts=timeouts)
+
+
+def test_d4rl_qlearning_semantics(tmp_path):
+    """Rows 0..N-2, s' = obs[i+1], timeout rows dropped, terminals kept as done."""
+    ds = load_dataset(write_hdf5(tmp_path / "hopper-test-v2.hdf5", **d4rl_arrays()))
+    kept = [0, 1, 2, 3, 4, 5, 7, 8]
+    assert ds.observations[:, 0].tolist() == kept
+    assert ds.next_observations[:, 0].tolist() == [k + 1 for k in kept]
+    assert ds.terminals.tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+    # episode 2 ends before the dropped timeout row (cut: bootstrap); the file ends mid-episode 3.
+    assert ds.timeouts.tolist() == [0, 0, 0, 0, 0, 1, 0, 1]
+    assert ds.episode_starts.tolist() == [0, 4, 6]
+    assert ds.metadata["env_id"] == "Hopper-v5"
+    assert ds.metadata["ref_min_score"] == pytest.approx(-20.272305)
+    assert "D4RL" in ds.metadata["ref_source"]
+
+
+def test_d4rl_uses_next_observations_when_present(tmp_path):
+    arrays = d4rl_arrays()
+    arrays["next_observations"] = arrays["observations"] + 0.5  # not equal to obs[i+1]: every row ends an episode
+    ds = load_dataset(write_hdf5(tmp_path / "walker2d-x-v2.hdf5", **arrays), env_id="Walker2d-v5")
+    assert ds.next_observations[:, 0].tolist() == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 7.5, 8.5]
+    assert ds.num_episodes == len(ds)
+
+
+def test_d4rl_without_timeouts_uses_the_episode_step_limit(tmp_path):
+    arrays = d4rl_arrays()
+    del arrays["timeouts"]
+    arrays["terminals"][:] = False
+    with h5py.File(tmp_path / "x.hdf5", "w") as f:
+        for k, v in arrays.items():
+            f[k] = v
+    from offrl.data.sources import load_d4rl_hdf5
+
+    ds = load_d4rl_hdf5(tmp_path / "x.hdf5", env_id="Hopper-v5", max_episode_steps=4)
+    # steps 3 and 7 are each episode's 4th step: dropped as timeouts
+    assert ds.observations[:, 0].tolist() == [0, 1, 2, 4, 5, 6, 8]
+    assert ds.episode_starts.tolist() == [0, 3, 6]
+
+
+# ----------------------------------------------------------------------------------- npz format
+def small_dataset(n=12):
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    terminals = np.zeros(n, np.float32)
+    terminals[4] = 1
+    timeouts = np.zeros(n, np.float32)
+    timeouts[[8, n - 1]] = 1
+    return Dataset(obs, rng.uniform(-1, 1, (n, 2)).astype(np.float32), np.arange(n, dtype=np.float32),
+                   rng.normal(size=(n, 3)).astype(np.float32), terminals, timeouts,
+                   np.array([0, 5, 9]), {"name": "small", "env_id": "Swimmer-v5"}).validate()
+
+
+def test_npz_round_trip(tmp_path):
+    ds = small_dataset()
+    ds.save_npz(tmp_path / "small.npz")
+    back = load_dataset(str(tmp_path / "small.npz"))
+    for key in ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts", "episode_starts"):
+        np.testing.assert_array_equal(getattr(back, key), getattr(ds, key))
+    assert back.checksum() == ds.checksum()
+    assert back.metadata["env_id"] == "Swimmer-v5"
+
+
+def test_episode_returns_and_selection():
+    ds = small_dataset()
+    assert ds.episode_returns().tolist() == [0 + 1 + 2 + 3 + 4, 5 + 6 + 7 + 8, 9 + 10 + 11]
+    assert ds.episode_returns(0.5)[1] == pytest.approx(5 + 0.5 * 6 + 0.25 * 7 + 0.125 * 8)
+    best = preprocess.top_trajectories(ds, frac=0.34)  # 1 of 3 episodes
+    assert best.rewards.tolist() == [9, 10, 11] and best.episode_starts.tolist() == [0]
+    two = preprocess.top_trajectories(ds, frac=0.67)
+    assert two.rewards.tolist() == [5, 6, 7, 8, 9, 10, 11] and two.episode_starts.tolist() == [0, 4]
+
+
+# ------------------------------------------------------------------------------------ validation
+@pytest.mark.parametrize("change, field, words", [
+    (lambda a: a["rewards"].__setitem__(7, np.nan), "rewards", "NaN"),
+    (lambda a: a["observations"].__setitem__((2, 1), np.inf), "observations", "inf"),
+    (lambda a: a.pop("actions"), "actions", "missing key"),
+    (lambda a: a.__setitem__("terminals", a["terminals"][:-2]), "terminals", "length 8"),
+    (lambda a: a.__setitem__("observations", np.zeros((10, 2, 2), np.float32)), "observations", "shape"),
+])
+def test_bad_hdf5_is_refused_naming_field_and_problem(tmp_path, change, field, words):
+    arrays = d4rl_arrays()
+    change(arrays)
+    path = write_hdf5(tmp_path / "hopper-bad-v2.hdf5", **arrays)
+    with pytest.raises(DatasetError) as err:
+        load_dataset(path)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    (tmp_path / "junk.hdf5").write_bytes(b"\x00not hdf5")
+    (tmp_path / "junk.npz").write_bytes(b"\x00not a zip")
+    for name, words in [("junk.hdf5", "cannot read"), ("junk.npz", "cannot read"), ("absent.hdf5", "not found")]:
+        with pytest.raises(DatasetError, match=words):
+            load_dataset(str(tmp_path / name))
+    with pytest.raises(DatasetError, match="no local Minari dataset"):
+        load_dataset("nobody/nothing-v0")
+
+
+def test_npz_missing_key_and_misplaced_terminal(tmp_path):
+    ds = small_dataset()
+    arrays = {k: getattr(ds, k) for k in ("observations", "actions", "rewards", "terminals", "timeouts")}
+    np.savez(tmp_path / "nonext.npz", **arrays)
+    with pytest.raises(DatasetError, match="next_observations"):
+        load_dataset(str(tmp_path / "nonext.npz"))
+    bad = ds.replace(terminals=np.eye(1, len(ds), 1, dtype=np.float32)[0])  # terminal on row 1, mid-episode
+    with pytest.raises(DatasetError, match="terminals"):
+        bad.validate()
+
+
+def test_dims_that_do_not_match_the_env(tmp_path):
+    from offrl.config import DataConfig
+    from offrl.data import load_for_training
+
+    arrays = d4rl_arrays(obs_dim=5)  # Hopper-v5 observes 11 numbers
+    path = write_hdf5(tmp_path / "hopper-narrow-v2.hdf5", **arrays)
+    with pytest.raises(DatasetError, match=r"observation width 5 does not match env Hopper-v5"):
+        load_for_training(path, DataConfig())
+
+
+def test_cli_refuses_bad_files_in_one_line(tmp_path):
+    arrays = d4rl_arrays()
+    arrays["rewards"][3] = np.nan
+    nan_path = write_hdf5(tmp_path / "hopper-nan-v2.hdf5", **arrays)
+    arrays = d4rl_arrays()
+    del arrays["actions"]
+    noact_path = write_hdf5(tmp_path / "hopper-noact-v2.hdf5", **arrays)
+    for path, words in [(nan_path, "'rewards'"), (noact_path, "'actions': missing key")]:
+        for cmd in (["offrl", "datasets", "validate", path],
+                    [PYTHON, "-m", "algos.td3_bc", "--dataset", path, "--run.out-dir", str(tmp_path / "runs")]):
+            result = run_cli(*cmd, check=False)
+            assert result.returncode == 1
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], result.stderr
+            assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # a refused dataset leaves no half-made run behind
+
+
+# --------------------------------------------------------------------------------- preprocessing
+def test_state_normalization_and_reward_options():
+    from offrl.config import DataConfig
+
+    ds = small_dataset()
+    mean, std = preprocess.state_stats(ds.observations, eps=1e-3)
+    np.testing.assert_allclose(mean, ds.observations.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(std, ds.observations.std(0) + 1e-3, rtol=1e-6)
+    out, pre = preprocess.apply(ds, DataConfig(normalize_states=True, normalize_reward=True, reward_scale=2.0, reward_bias=-1.0))
+    # episode returns 10, 26, 30 -> factor 1000 / (30 - 10) = 50; then * 2 - 1
+    assert pre.reward_scale == pytest.approx(100.0)
+    np.testing.assert_allclose(out.rewards, ds.rewards * 100.0 - 1.0)
+    np.testing.assert_allclose(out.observations, (ds.observations - mean) / std, rtol=1e-6)
+    np.testing.assert_allclose(out.next_observations, (ds.next_observations - mean) / std, rtol=1e-6)
+    normalizer = pre.state_normalizer("cpu")
+    np.testing.assert_allclose(normalizer(torch.as_tensor(ds.observations)).numpy(), out.observations, rtol=1e-6)
+
+
+def test_action_clipping():
+    ds = small_dataset().replace(actions=np.array([[-5.0, 0.3]] * 12, np.float32))
+    clipped = preprocess.clip_actions(ds, np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    assert clipped.actions[0].tolist() == pytest.approx([-1 + 1e-5, 0.3])
+
+
+# ----------------------------------------------------------------------------------------- buffer
+def test_buffer_sampling_is_seeded_and_returns_real_rows():
+    ds = small_dataset()
+    a, b = ReplayBuffer.from_dataset(ds, seed=7), ReplayBuffer.from_dataset(ds, seed=7)
+    x, y = a.sample(64), b.sample(64)
+    for u, v in zip(x, y):
+        torch.testing.assert_close(u, v)
+    rows = {tuple(r) for r in np.concatenate([ds.observations, ds.actions, ds.rewards[:, None]], 1).tolist()}
+    got = torch.cat([x.observations, x.actions, x.rewards[:, None]], 1).tolist()
+    assert all(tuple(r) in rows for r in got)
+    saved = a.state_dict()
+    first = a.sample(8).rewards
+    a.load_state_dict(saved)
+    torch.testing.assert_close(a.sample(8).rewards, first)
+
+
+def test_buffer_ring_overwrites_oldest():
+    buffer = ReplayBuffer(obs_dim=1, act_dim=1, capacity=4)
+    for start in (0, 3):
+        n = 3
+        buffer.add(np.arange(start, start + n)[:, None], np.zeros((n, 1)), np.arange(start, start + n),
+                   np.zeros((n, 1)), np.zeros(n))
+    assert len(buffer) == 4
+    assert sorted(buffer.storage[:, 0].tolist()) == [2, 3, 4, 5]

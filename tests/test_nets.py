@@ -1,0 +1,70 @@
+"""Network building blocks against their per-member / textbook definitions."""
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from offrl.nets import (DeterministicActor, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor,
+                        TanhGaussianActor, soft_update)
+
+
+def test_ensemble_linear_equals_separate_linears():
+    torch.manual_seed(0)
+    layer = EnsembleLinear(3, 4, 5)
+    x = torch.randn(3, 7, 4)
+    out = layer(x)
+    for e in range(3):
+        torch.testing.assert_close(out[e], x[e] @ layer.weight[e] + layer.bias[e])
+    shared = torch.randn(7, 4)
+    torch.testing.assert_close(layer(shared), torch.stack([shared @ layer.weight[e] + layer.bias[e] for e in range(3)]))
+    assert layer.weight.abs().max() <= 1 / math.sqrt(4)
+
+
+def test_ensemble_members_train_independently():
+    torch.manual_seed(0)
+    net = EnsembleMLP(2, 3, 1, hidden=(8,))
+    x = torch.randn(2, 5, 3)
+    net(x)[0].sum().backward()  # loss of member 0 only
+    assert all(p.grad[1].abs().sum() == 0 for p in net.parameters())
+
+
+def test_critic_and_actor_shapes_and_bounds():
+    critic = EnsembleCritic(4, 2, ensemble_size=2, hidden=(16, 16), layer_norm=True)
+    assert critic(torch.randn(9, 4), torch.randn(9, 2)).shape == (2, 9)
+    actor = DeterministicActor(4, 2, [-1.0, 0.0], [1.0, 4.0], hidden=(16,))
+    a = actor(torch.randn(100, 4) * 10)
+    assert (a[:, 0].abs() <= 1).all() and (a[:, 1] >= 0).all() and (a[:, 1] <= 4).all()
+
+
+def test_tanh_gaussian_log_prob_matches_change_of_variables():
+    torch.manual_seed(0)
+    actor = TanhGaussianActor(3, 2, [-2.0, -2.0], [2.0, 2.0], hidden=(16,))
+    obs = torch.randn(6, 3)
+    action, log_prob = actor(obs)
+    mean, log_std = actor.distribution(obs)
+    base = torch.distributions.Normal(mean, log_std.exp())
+    u = torch.atanh(action / 2.0)
+    expected = (base.log_prob(u) - torch.log(1 - torch.tanh(u) ** 2) - math.log(2.0)).sum(-1)
+    torch.testing.assert_close(log_prob, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(actor.log_prob(obs, action), expected, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(actor.act(obs), 2.0 * torch.tanh(mean))
+
+
+def test_iql_gaussian_actor_log_prob():
+    torch.manual_seed(0)
+    actor = GaussianActor(3, 2, [-1.0, -1.0], [1.0, 1.0], hidden=(16,))
+    with torch.no_grad():
+        actor.log_std.fill_(-9.0)  # clipped to -5
+    obs, act = torch.randn(4, 3), torch.rand(4, 2) * 2 - 1
+    expected = torch.distributions.Normal(actor(obs), math.exp(-5.0)).log_prob(act).sum(-1)
+    torch.testing.assert_close(actor.log_prob(obs, act), expected)
+
+
+def test_soft_update():
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    before = [p.clone() for p in a.parameters()]
+    soft_update(a, b, 0.25)
+    for old, new, src in zip(before, a.parameters(), b.parameters()):
+        torch.testing.assert_close(new, 0.75 * old + 0.25 * src)

@@ -1,0 +1,102 @@
+"""A run interrupted and resumed ends with the same numbers as one that was not (CPU)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from offrl.errors import CheckpointError, TrainingDiverged
+
+from conftest import PYTHON, ROOT, run_cli
+
+COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
+          "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
+          "--hidden", "64", "64"]
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "run_dir")
+
+
+def strip(row):
+    return {k: v for k, v in row.items() if k not in VOLATILE}
+
+
+def metrics(run_dir):
+    return [strip(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def only_run(base):
+    runs = [p for p in base.glob("td3_bc/*/*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def checkpoint_step(path):
+    try:
+        return torch.load(path, weights_only=True)["step"]
+    except Exception:
+        return None
+
+
+def test_killed_run_resumes_to_the_same_result(tiny, tmp_path):
+    straight = tmp_path / "straight"
+    run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(straight))
+    expected_dir = only_run(straight)
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(killed)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        found = list(killed.glob("td3_bc/*/*/checkpoints/last.pt"))
+        step = checkpoint_step(found[0]) if found else None
+        if step is not None and step >= 300:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    run_dir = only_run(killed)
+    assert not (run_dir / "final.json").exists(), "the run finished before it could be interrupted"
+    interrupted_at = checkpoint_step(run_dir / "checkpoints" / "last.pt")
+    assert interrupted_at < 1600
+
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(killed), "--resume", "latest")
+    assert f"resumed {run_dir} at step {interrupted_at}" in result.stderr
+    assert only_run(killed) == run_dir
+    assert metrics(run_dir) == metrics(expected_dir)
+    final, expected = (strip(json.loads((d / "final.json").read_text())) for d in (run_dir, expected_dir))
+    assert final == expected
+    assert "eval/normalized_score" in final and "train/critic_loss" in final
+
+
+def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
+    args = ["--steps", "50", "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled",
+            "--hidden", "32", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.td3_bc", *args)
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args, "--alpha", "1.0", "--resume", "latest", check=False)
+    assert result.returncode == 1 and "alpha: 2.5 -> 1.0" in result.stderr and "Traceback" not in result.stderr
+    # more steps is a legal change: the run continues where it stopped
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "80", "--resume", "latest")
+    assert "at step 50" in result.stderr
+    assert json.loads((only_run(tmp_path) / "final.json").read_text())["steps"] == 80
+
+
+def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
+    from algos.td3_bc import Config
+    from offrl.run import Run
+
+    cfg = Config(steps=10)
+    cfg.log.wandb, cfg.log.every, cfg.run.out_dir = "disabled", 1, str(tmp_path)
+    run = Run("td3_bc", cfg)
+    run.log(1, {"critic_loss": torch.tensor(1.0)})
+    with pytest.raises(TrainingDiverged, match=r"critic_loss became nan at step 2.*no checkpoint"):
+        run.log(2, {"critic_loss": torch.tensor(float("nan")), "actor_loss": torch.tensor(0.0)})
+
+
+def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
+    result = run_cli(PYTHON, "-m", "algos.bc", "--resume", "latest", "--run.out-dir", str(tmp_path), check=False)
+    assert result.returncode == 1 and "no run with a checkpoint" in result.stderr
