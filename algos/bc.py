@@ -78,6 +78,9 @@ class BC:
             getattr(self, name).load_state_dict(state[name])
 
 
+Agent = BC
+
+
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount))
     run = Run("bc", cfg)

@@ -134,6 +134,9 @@ class TD3BC:
         self.updates = int(state["updates"])
 
 
+Agent = TD3BC
+
+
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data)
     run = Run("td3_bc", cfg)

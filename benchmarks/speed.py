@@ -1,0 +1,155 @@
+"""Speed of one training update per algorithm, as a fraction of the machine's matmul throughput.
+
+For each algorithm: build its agent with the default config on synthetic Hopper-sized data
+(obs 11, act 3, 100k rows), warm up, then time blocks of (sample + update) and report the median
+ms per update, the update's FLOPs (counted by torch's FlopCounterMode: matmuls forward and
+backward), its GFLOP/s, and the ratio to the float32 matmul GFLOP/s measured in the same run
+(2048 x 2048 x 2048, before and after the algorithms; the higher is used).
+
+    python -m benchmarks.speed --algos bc td3_bc
+    python -m benchmarks.speed --algos td3_bc --threads 1 --json
+
+Each algorithm module exposes `Config` and `Agent(cfg, data, device)` with `update(batch)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from offrl.data import ReplayBuffer, TrainingData
+from offrl.data.dataset import Dataset
+from offrl.data.preprocess import Preprocessing
+
+DEFAULT_ALGOS = ("bc", "td3_bc")
+
+
+def synthetic_data(obs_dim: int = 11, act_dim: int = 3, rows: int = 100_000, seed: int = 0) -> TrainingData:
+    rng = np.random.default_rng(seed)
+    terminals = (rng.random(rows) < 0.001).astype(np.float32)
+    terminals[-1] = 0
+    timeouts = np.zeros(rows, np.float32)
+    timeouts[-1] = 1
+    ends = np.flatnonzero(terminals)
+    dataset = Dataset(
+        observations=rng.normal(size=(rows, obs_dim)).astype(np.float32),
+        actions=rng.uniform(-1, 1, (rows, act_dim)).astype(np.float32),
+        rewards=rng.normal(size=rows).astype(np.float32),
+        next_observations=rng.normal(size=(rows, obs_dim)).astype(np.float32),
+        terminals=terminals, timeouts=timeouts,
+        episode_starts=np.concatenate([[0], ends[ends < rows - 1] + 1]).astype(np.int64),
+        metadata={"name": "synthetic", "env_id": "Hopper-v5"},
+    ).validate()
+    pre = Preprocessing(obs_mean=np.zeros(obs_dim, np.float32), obs_std=np.ones(obs_dim, np.float32))
+    return TrainingData(dataset, pre, obs_dim, act_dim, -np.ones(act_dim, np.float32), np.ones(act_dim, np.float32))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
+                   batch_size: int | None = None, compile: bool = False) -> dict:
+    module = importlib.import_module(f"algos.{algo}")
+    cfg = module.Config()
+    cfg.run.compile = compile
+    if batch_size:
+        cfg.batch_size = batch_size
+    data = synthetic_data()
+    torch.manual_seed(0)
+    agent = module.Agent(cfg, data, device)
+    buffer = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
+
+    def step():
+        return agent.update(buffer.sample(cfg.batch_size))
+
+    for _ in range(warmup):
+        step()
+    # Count FLOPs over an even number of updates: some algorithms update the actor every 2nd step.
+    with FlopCounterMode(display=False) as counter:
+        step()
+        step()
+    flops = counter.get_total_flops() / 2
+    block_ms = []
+    for _ in range(blocks):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(per_block):
+            metrics = step()
+        sync(device)
+        block_ms.append(1000 * (time.perf_counter() - start) / per_block)
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    median_ms = statistics.median(block_ms)
+    return {"algo": algo, "batch_size": cfg.batch_size, "median_ms": median_ms,
+            "min_ms": min(block_ms), "max_ms": max(block_ms), "gflop_per_update": flops / 1e9,
+            "update_gflops": flops / 1e9 / (median_ms / 1000)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", nargs="+", default=list(DEFAULT_ALGOS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--batch-size", type=int, default=None, help="override every algorithm's default batch")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--blocks", type=int, default=15)
+    parser.add_argument("--per-block", type=int, default=20)
+    parser.add_argument("--compile", action="store_true", help="time the torch.compile path")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from offrl.config import resolve_device
+
+    device = resolve_device(args.device)
+    before = matmul_gflops(device)
+    results = [time_algorithm(a, device, args.warmup, args.blocks, args.per_block, args.batch_size, args.compile)
+               for a in args.algos]
+    after = matmul_gflops(device)
+    peak = max(before, after)
+    for r in results:
+        r["matmul_gflops"] = peak
+        r["fraction_of_matmul"] = r["update_gflops"] / peak
+    report = {
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "matmul_gflops_before": before, "matmul_gflops_after": after,
+        "compile": args.compile, "results": results,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"device {report['device']}, {report['threads']} threads, torch {report['torch']}; "
+              f"float32 matmul {before:.0f} / {after:.0f} GFLOP/s (before / after)")
+        print(f"{'algo':10s} {'batch':>6s} {'ms/update':>10s} {'GFLOP/upd':>10s} {'GFLOP/s':>8s} {'of matmul':>10s}")
+        for r in results:
+            print(f"{r['algo']:10s} {r['batch_size']:6d} {r['median_ms']:10.3f} {r['gflop_per_update']:10.4f} "
+                  f"{r['update_gflops']:8.1f} {100 * r['fraction_of_matmul']:9.1f}%")
+    return report
+
+
+if __name__ == "__main__":
+    main()
