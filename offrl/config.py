@@ -73,21 +73,34 @@ class RunConfig:
 
 
 @dataclass
-class TrainConfig:
-    dataset: str = "offrl/tiny-v0"
-    """Minari dataset id (e.g. offrl/hopper/medium-v0), D4RL .hdf5 file, or offrl .npz file."""
+class RunConfigBase:
+    """What every run has, offline or online."""
+
     steps: int = 1_000_000
-    """Gradient steps."""
+    """Gradient steps (env steps for online algorithms)."""
     seed: int = 0
     """Seed for torch, sampling and evaluation."""
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
     resume: Optional[str] = None
-    """Continue a run: its folder, a checkpoint file, or 'latest' (newest run of this algo/dataset/seed)."""
-    data: DataConfig = field(default_factory=DataConfig)
+    """Continue a run: its folder, a checkpoint file, 'latest' (newest run of this algo/dataset/seed), or 'auto' (latest if any, else start one)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def run_label(self) -> str:
+        """What the run is trained on: the dataset, or the env for online algorithms."""
+        return getattr(self, "dataset", None) or getattr(self, "env_id", "run")
+
+
+@dataclass
+class TrainConfig(RunConfigBase):
+    """An offline run: a dataset and its preprocessing."""
+
+    dataset: str = "offrl/tiny-v0"
+    """Minari dataset id (e.g. offrl/hopper/medium-v0), D4RL .hdf5 file, or offrl .npz file."""
+    data: DataConfig = field(default_factory=DataConfig)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -54,10 +54,11 @@ class Run:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.seed)
         self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
-        self.dataset_name = sanitize(cfg.dataset)
+        self.dataset_name = sanitize(cfg.run_label)
         self.resume_from: Path | None = None
-        if cfg.resume:
-            self.dir, self.resume_from = self._find_resume(cfg.resume)
+        found = self._find_resume(cfg.resume) if cfg.resume else None
+        if found is not None:
+            self.dir, self.resume_from = found
         else:
             name = cfg.log.name or f"{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.dir = self._unique(Path(cfg.run.out_dir) / algo / self.dataset_name / name)
@@ -81,7 +82,7 @@ class Run:
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None)
-        self.progress = Progress(cfg.steps, f"{algo} {cfg.dataset} seed {cfg.seed}", cfg.log.progress, self.start_step)
+        self.progress = Progress(cfg.steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
 
     # ------------------------------------------------------------------------------ run folders
@@ -93,12 +94,16 @@ class Run:
         candidate.mkdir(parents=True)
         return candidate
 
-    def _find_resume(self, resume: str) -> tuple[Path, Path]:
-        if resume == "latest":
+    def _find_resume(self, resume: str) -> tuple[Path, Path] | None:
+        """'latest': the newest run of this algo/dataset/seed with a checkpoint (an error if none);
+        'auto': the same, or None (start a new run) when there is none."""
+        if resume in ("latest", "auto"):
             base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
             candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if (p / "checkpoints" / "last.pt").exists()),
                                 key=lambda p: (p / "checkpoints" / "last.pt").stat().st_mtime)
             if not candidates:
+                if resume == "auto":
+                    return None
                 raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{self.cfg.seed}-*")
             return candidates[-1], candidates[-1] / "checkpoints" / "last.pt"
         path = Path(resume)
@@ -110,7 +115,8 @@ class Run:
 
     def _check_same_config(self, state: dict) -> None:
         saved = json.loads(state.get("config", "{}"))
-        changed = [key for key in sorted(set(saved) | set(self.config))
+        # Options that did not exist when the run started are allowed: new options keep old behaviour by default.
+        changed = [key for key in sorted(saved)
                    if key not in RESUMABLE_CHANGES and saved.get(key) != self.config.get(key)]
         if changed:
             details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.config.get(k)!r}" for k in changed)
@@ -122,9 +128,9 @@ class Run:
         if self._restored_state is not None:
             ckpt.load_state_dicts(state, self._restored_state["objects"], str(self.resume_from))
             rng = self._restored_state["rng"]
-            torch.set_rng_state(rng["torch"])
+            torch.set_rng_state(rng["torch"].cpu())  # map_location may have moved it
             if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+                torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
             self.last_checkpoint_step = self.start_step
             self._restored_state = None
             print(f"resumed {self.dir} at step {self.start_step}", file=sys.stderr)
@@ -152,6 +158,10 @@ class Run:
         self.last_metrics = row
         self.logger.log(step, row)
         self.progress.update(step)
+
+    def log_values(self, step: int, values: dict[str, float]) -> None:
+        """Log host-side numbers (e.g. online episode returns) as they come."""
+        self.logger.log(step, values)
 
     def evaluate(self, step: int, policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict,
                  force: bool = False) -> dict[str, float] | None:
@@ -187,7 +197,7 @@ class Run:
         """Write final.json, print the final score, close the logger; return the final metrics."""
         self.progress.close()
         final = {
-            "algo": self.algo, "dataset": self.cfg.dataset, "seed": self.cfg.seed, "steps": self.cfg.steps,
+            "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.cfg.steps,
             "run_dir": str(self.dir), **self.last_eval, **{f"train/{k}": v for k, v in self.last_metrics.items()},
             "wall_seconds": time.perf_counter() - self.start_time, **(extra or {}),
         }

@@ -12,8 +12,24 @@ from offrl.data.preprocess import Preprocessing, StateNormalizer
 from offrl.data.sources import load_dataset
 from offrl.errors import DatasetError
 
-__all__ = ["Batch", "Dataset", "DatasetError", "Preprocessing", "ReplayBuffer", "StateNormalizer",
+__all__ = ["Batch", "Dataset", "DatasetError", "Preprocessing", "ReplayBuffer", "Spaces", "StateNormalizer",
            "TrainingData", "load_dataset", "load_for_training"]
+
+
+@dataclass
+class Spaces:
+    """What an agent needs to know about its env's spaces."""
+
+    obs_dim: int
+    act_dim: int
+    action_low: np.ndarray
+    action_high: np.ndarray
+
+    @classmethod
+    def of(cls, env) -> "Spaces":
+        space = env.action_space
+        return cls(int(np.prod(env.observation_space.shape)), int(np.prod(space.shape)),
+                   space.low.astype(np.float32), space.high.astype(np.float32))
 
 
 @dataclass

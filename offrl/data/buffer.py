@@ -24,8 +24,12 @@ class Batch(NamedTuple):
 
 
 class ReplayBuffer:
-    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device | str = "cpu", seed: int = 0):
+    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device | str = "cpu", seed: int = 0,
+                 checkpoint_data: bool = True):
+        """`checkpoint_data`: put the rows themselves in `state_dict` (online data exists nowhere else);
+        a buffer made from a dataset leaves them out, since resuming rebuilds it from the dataset."""
         self.obs_dim, self.act_dim, self.capacity = obs_dim, act_dim, capacity
+        self.checkpoint_data = checkpoint_data
         self.device = torch.device(device)
         self._split = (obs_dim, act_dim, 1, obs_dim, 1)
         self.storage = torch.zeros(capacity, sum(self._split), dtype=torch.float32, device=self.device)
@@ -37,7 +41,7 @@ class ReplayBuffer:
     @classmethod
     def from_dataset(cls, dataset: Dataset, device: torch.device | str = "cpu", seed: int = 0,
                      capacity: int | None = None) -> "ReplayBuffer":
-        buffer = cls(dataset.obs_dim, dataset.act_dim, capacity or len(dataset), device, seed)
+        buffer = cls(dataset.obs_dim, dataset.act_dim, capacity or len(dataset), device, seed, checkpoint_data=False)
         buffer.add(dataset.observations, dataset.actions, dataset.rewards, dataset.next_observations, dataset.terminals)
         return buffer
 
@@ -73,9 +77,13 @@ class ReplayBuffer:
         return Batch(obs, act, rew.squeeze(1), next_obs, term.squeeze(1))
 
     def state_dict(self) -> dict:
-        """Sampling state only: the data itself is rebuilt from the dataset on resume."""
-        return {"generator": self.generator.get_state(), "size": self.size, "position": self.position}
+        state = {"generator": self.generator.get_state(), "size": self.size, "position": self.position}
+        if self.checkpoint_data:
+            state["rows"] = self.storage[: self.size].clone()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors, also for CUDA
         self.size, self.position = int(state["size"]), int(state["position"])
+        if self.checkpoint_data:
+            self.storage[: self.size] = state["rows"].to(self.device)

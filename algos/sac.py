@@ -1,0 +1,213 @@
+"""Soft Actor-Critic, online (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications").
+
+Trains the behaviour policies of offrl's dataset suite. Maximum-entropy actor-critic:
+
+Critic (twin Q as one 2-member ensemble, MSE each, summed):
+    a' ~ pi(.|s'),  y = r + gamma * (1 - d) * (min_i Q_targ_i(s', a') - alpha * log pi(a'|s'))
+    L_Q = sum_i mean (Q_i(s, a) - y)^2
+Actor (tanh-Gaussian, reparameterized):
+    L_pi = mean (alpha * log pi(a~|s) - min_i Q_i(s, a~)),  a~ ~ pi(.|s)
+Temperature (automatic entropy tuning, target entropy -|A|):
+    L_alpha = -mean log_alpha * (log pi(a~|s) + target_entropy)      (log-probs detached)
+then a Polyak update of the critics with tau. One gradient step per env step after
+`learning_starts` uniform-random steps; time-limit truncations are bootstrapped.
+
+Defaults follow the SAC paper / Stable-Baselines3 for MuJoCo: 2x256 ReLU, Adam 3e-4 for actor,
+critics and alpha, batch 256, buffer 1M, gamma 0.99, tau 0.005, initial alpha 1.0.
+
+Every `actor_every` env steps the actor's weights are written to `<run>/actors/actor_<step>.pt`
+(format in `offrl.policies`): the dataset suite rolls out that sequence to rebuild medium-replay.
+Resume restores networks, optimizers, replay data and RNG state, and starts a fresh episode
+(seeded with seed + step): MuJoCo env state is not checkpointed, so a resumed run is not
+bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from offrl import policies
+from offrl.config import EvalConfig, RunConfig, RunConfigBase
+from offrl.data import Batch, ReplayBuffer, Spaces
+from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(RunConfigBase):
+    env_id: str = "Hopper-v5"
+    """Gymnasium env to train in."""
+    steps: int = 1_000_000
+    """Env steps (one gradient step per env step after learning_starts)."""
+    learning_starts: int = 5_000
+    """Uniform-random env steps before learning starts."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    buffer_size: int = 1_000_000
+    """Replay capacity."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 0.005
+    """Polyak rate of the target critics."""
+    actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the critics."""
+    alpha_lr: float = 3e-4
+    """Adam learning rate of log alpha."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    autotune: bool = True
+    """Tune alpha toward the target entropy; otherwise keep init_alpha."""
+    target_entropy: float | None = None
+    """Target entropy (default -action_dim)."""
+    actor_every: int = 10_000
+    """Save the actor's weights every this many env steps (0 = never)."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
+    run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=50_000))
+
+
+class SAC:
+    def __init__(self, cfg: Config, spaces: Spaces, device: torch.device):
+        self.cfg = cfg
+        obs_dim, act_dim = spaces.obs_dim, spaces.act_dim
+        self.actor = TanhGaussianActor(obs_dim, act_dim, spaces.action_low, spaces.action_high, cfg.hidden).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, 2, cfg.hidden).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=cfg.autotune)
+        self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor(batch.next_observations)
+            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
+            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
+        q = self.critic(batch.observations, batch.actions)
+        critic_loss = ((q - target) ** 2).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        actions, log_prob = self.actor(batch.observations)
+        q_pi = self.critic(batch.observations, actions).min(dim=0).values
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_opt.step()
+
+        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
+                   "entropy": -log_prob.detach().mean(), "alpha": alpha}
+        if self.cfg.autotune:
+            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+            self.alpha_opt.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_opt.step()
+            metrics["alpha_loss"] = alpha_loss.detach()
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        return metrics
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)[0]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(obs)
+
+    def state_dict(self) -> dict:
+        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
+                "critic_target": self.critic_target.state_dict(), "log_alpha": self.log_alpha.detach().clone(),
+                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
+                "alpha_opt": self.alpha_opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+
+
+Agent = SAC
+
+
+class EnvLoop:
+    """The single training env: episode bookkeeping and seeded resets (a checkpointable counter)."""
+
+    def __init__(self, env_id: str, seed: int):
+        self.env = gym.make(env_id)
+        self.seed = seed
+        self.env.action_space.seed(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.episode_return, self.episode_length, self.episodes = 0.0, 0, 0
+
+    def restart(self, step: int) -> None:
+        """After a resume: the interrupted episode is lost; start a new one seeded by the step."""
+        self.env.action_space.seed(self.seed + step)
+        self.obs, _ = self.env.reset(seed=self.seed + step)
+        self.episode_return, self.episode_length = 0.0, 0
+
+    def state_dict(self) -> dict:
+        return {"episodes": self.episodes}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.episodes = int(state["episodes"])
+
+
+def train(cfg: Config) -> dict:
+    run = Run("sac", cfg)
+    loop = EnvLoop(cfg.env_id, cfg.seed)
+    spaces = Spaces.of(loop.env)
+    agent = SAC(cfg, spaces, run.device)
+    buffer = ReplayBuffer(spaces.obs_dim, spaces.act_dim, min(cfg.buffer_size, cfg.steps), run.device, seed=cfg.seed)
+    state = {"agent": agent, "buffer": buffer, "loop": loop}
+    actors_dir = Path(run.dir) / "actors"
+    metadata = {"env_id": cfg.env_id, "name": cfg.env_id}
+    metrics: dict[str, torch.Tensor] = {}
+    steps = run.steps(state)
+    if run.start_step > 0:
+        loop.restart(run.start_step)
+    for step in steps:
+        if step <= cfg.learning_starts:
+            action = loop.env.action_space.sample()
+        else:
+            obs_t = torch.as_tensor(loop.obs, dtype=torch.float32, device=run.device).unsqueeze(0)
+            action = agent.explore(obs_t)[0].cpu().numpy()
+        next_obs, reward, terminated, truncated, _ = loop.env.step(action)
+        buffer.add(loop.obs[None], action[None], np.array([reward]), next_obs[None], np.array([float(terminated)]))
+        loop.obs = next_obs
+        loop.episode_return += float(reward)
+        loop.episode_length += 1
+        if terminated or truncated:
+            loop.episodes += 1
+            run.log_values(step, {"train/episode_return": loop.episode_return,
+                                  "train/episode_length": loop.episode_length, "train/episodes": loop.episodes})
+            loop.obs, _ = loop.env.reset()
+            loop.episode_return, loop.episode_length = 0.0, 0
+        if step > cfg.learning_starts:
+            metrics = agent.update(buffer.sample(cfg.batch_size))
+            run.log(step, metrics)
+        run.evaluate(step, agent.act, metadata)
+        if cfg.actor_every and step % cfg.actor_every == 0:
+            policies.save_actor(actors_dir / f"actor_{step:07d}.pt", agent.actor, env_id=cfg.env_id, step=step,
+                                hidden=cfg.hidden, last_eval=run.last_eval)
+        run.checkpoint(step, state)
+    loop.env.close()
+    return run.finish()
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)

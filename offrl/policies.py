@@ -1,0 +1,112 @@
+"""Policy files: small, weights-only actor checkpoints that roll out without the training code.
+
+Format `offrl-actor-v1` (a dict saved with torch.save, read with weights_only=True):
+
+    format       "offrl-actor-v1"
+    kind         "tanh_gaussian" (SAC/CQL) | "deterministic" (TD3/TD3+BC/BC) | "gaussian" (IQL)
+    obs_dim, act_dim, hidden       network shape
+    action_low, action_high        float32 tensors, the env's action bounds
+    state_dict                     the actor's weights
+    obs_mean, obs_std              optional float32 tensors: observations are normalized first
+    env_id, step, last_eval        provenance (last_eval is a JSON string)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from offrl import checkpoint as ckpt
+from offrl.errors import CheckpointError
+from offrl.nets import DeterministicActor, GaussianActor, TanhGaussianActor
+
+FORMAT = "offrl-actor-v1"
+KINDS = {"tanh_gaussian": TanhGaussianActor, "deterministic": DeterministicActor, "gaussian": GaussianActor}
+
+
+def kind_of(actor: torch.nn.Module) -> str:
+    for kind, cls in KINDS.items():
+        if type(actor) is cls:
+            return kind
+    raise TypeError(f"no policy-file kind for {type(actor).__name__}")
+
+
+def save_actor(path: str | Path, actor: torch.nn.Module, env_id: str, step: int, hidden, obs_mean=None,
+               obs_std=None, last_eval: dict | None = None) -> Path:
+    """Write an actor as a policy file (float32 weights on the CPU, atomically)."""
+    obs_dim = next(m for m in actor.modules() if isinstance(m, torch.nn.Linear)).in_features
+    state = {
+        "format": FORMAT, "kind": kind_of(actor), "obs_dim": int(obs_dim),
+        "act_dim": int(actor.action_scale.numel()), "hidden": list(hidden),
+        "action_low": (actor.action_bias - actor.action_scale).detach().cpu(),
+        "action_high": (actor.action_bias + actor.action_scale).detach().cpu(),
+        "state_dict": {k: v.detach().cpu() for k, v in actor.state_dict().items()},
+        "env_id": env_id, "step": int(step), "last_eval": json.dumps(last_eval or {}),
+    }
+    if obs_mean is not None:
+        state["obs_mean"] = torch.as_tensor(np.asarray(obs_mean), dtype=torch.float32)
+        state["obs_std"] = torch.as_tensor(np.asarray(obs_std), dtype=torch.float32)
+    return ckpt.save(path, state)
+
+
+@dataclass
+class Policy:
+    """A loaded policy: batched numpy observations in, numpy actions out."""
+
+    actor: torch.nn.Module
+    kind: str
+    env_id: str | None
+    step: int | None
+    obs_mean: torch.Tensor | None = None
+    obs_std: torch.Tensor | None = None
+    device: torch.device = torch.device("cpu")
+
+    def _obs(self, obs: np.ndarray) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device)
+        return (x - self.obs_mean) / self.obs_std if self.obs_mean is not None else x
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True, generator: torch.Generator | None = None) -> np.ndarray:
+        """Actions for a batch [n, obs_dim]; `deterministic=False` samples (tanh-Gaussian and Gaussian
+        kinds) with `generator`, so rollouts are reproducible."""
+        x = self._obs(obs)
+        if deterministic or self.kind == "deterministic":
+            return self.actor.act(x).cpu().numpy()
+        if self.kind == "tanh_gaussian":
+            mean, log_std = self.actor.distribution(x)
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+            return self.actor.to_env(torch.tanh(mean + log_std.exp() * noise)).cpu().numpy()
+        mean = self.actor.net(x)
+        log_std = self.actor.log_std.clamp(self.actor.log_std_min, self.actor.log_std_max)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        unit = (mean + log_std.exp() * noise).clamp(-1.0, 1.0)
+        return self.actor.to_env(unit).cpu().numpy()
+
+
+def load_policy(path: str | Path, device: torch.device | str = "cpu") -> Policy:
+    state = ckpt.load(path, map_location="cpu")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"policy {path}: not an {FORMAT} policy file (format: {state.get('format')!r}); "
+                              "save one with offrl.policies.save_actor")
+    kind = state.get("kind")
+    if kind not in KINDS:
+        raise CheckpointError(f"policy {path}: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    low, high = state["action_low"].numpy(), state["action_high"].numpy()
+    actor = KINDS[kind](int(state["obs_dim"]), int(state["act_dim"]), low, high, tuple(state["hidden"]))
+    ckpt.load_state_dicts({"actor": actor}, {"actor": state["state_dict"]}, str(path))
+    device = torch.device(device)
+    actor.to(device).eval()
+    mean = state.get("obs_mean")
+    return Policy(actor, kind, state.get("env_id"), state.get("step"),
+                  None if mean is None else mean.to(device), None if mean is None else state["obs_std"].to(device), device)
+
+
+def describe(path: str | Path) -> dict[str, Any]:
+    state = ckpt.load(path)
+    return {k: state.get(k) for k in ("format", "kind", "obs_dim", "act_dim", "hidden", "env_id", "step")} | {
+        "last_eval": json.loads(state.get("last_eval") or "{}")}

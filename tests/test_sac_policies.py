@@ -1,0 +1,51 @@
+"""Online SAC smoke test and the weights-only policy files it writes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from offrl import policies
+from offrl.errors import CheckpointError
+from offrl.nets import DeterministicActor, GaussianActor, TanhGaussianActor
+
+from conftest import PYTHON, run_cli
+
+
+def test_sac_trains_and_saves_actor_snapshots(tmp_path):
+    run_cli(PYTHON, "-m", "algos.sac", "--env-id", "InvertedPendulum-v5", "--steps", "600", "--learning-starts", "200",
+            "--actor-every", "200", "--eval.every", "300", "--eval.episodes", "2", "--log.every", "100",
+            "--log.wandb", "disabled", "--hidden", "64", "64", "--run.out-dir", str(tmp_path))
+    (run_dir,) = tmp_path.glob("sac/InvertedPendulum-v5/*")
+    actors = sorted(p.name for p in (run_dir / "actors").iterdir())
+    assert actors == ["actor_0000200.pt", "actor_0000400.pt", "actor_0000600.pt"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/episode_return" in r for r in rows)
+    assert any("alpha" in r and "critic_loss" in r for r in rows)
+    policy = policies.load_policy(run_dir / "actors" / "actor_0000600.pt")
+    assert policy.kind == "tanh_gaussian" and policy.step == 600 and policy.env_id == "InvertedPendulum-v5"
+    assert policy.act(np.zeros((3, 4))).shape == (3, 1)
+
+
+@pytest.mark.parametrize("cls, kind", [(TanhGaussianActor, "tanh_gaussian"), (DeterministicActor, "deterministic"),
+                                       (GaussianActor, "gaussian")])
+def test_policy_file_round_trip(tmp_path, cls, kind):
+    torch.manual_seed(0)
+    actor = cls(5, 2, [-2.0, -1.0], [2.0, 1.0], (16, 16))
+    mean, std = np.arange(5, dtype=np.float32), np.full(5, 2.0, np.float32)
+    policies.save_actor(tmp_path / "a.pt", actor, env_id="X-v0", step=7, hidden=(16, 16), obs_mean=mean, obs_std=std)
+    policy = policies.load_policy(tmp_path / "a.pt")
+    assert policy.kind == kind
+    obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    expected = actor.act(torch.as_tensor((obs - mean) / std)).numpy()
+    np.testing.assert_allclose(policy.act(obs), expected, rtol=1e-6)
+    sampled = [policy.act(obs, deterministic=False, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    np.testing.assert_array_equal(sampled[0], sampled[1])
+    assert (np.abs(sampled[0]) <= [2.0, 1.0]).all()
+
+
+def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
+    torch.save({"step": 1}, tmp_path / "x.pt")
+    with pytest.raises(CheckpointError, match="not an offrl-actor-v1 policy file"):
+        policies.load_policy(tmp_path / "x.pt")
