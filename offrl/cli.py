@@ -20,7 +20,7 @@ import warnings
 
 from offrl.errors import OffrlError
 
-ALGORITHMS = ("bc", "td3_bc")
+ALGORITHMS = ("bc", "td3_bc", "sac")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,13 +40,29 @@ def main(argv: list[str] | None = None) -> None:
     validate = dsub.add_parser("validate", help="check a dataset's fields and its env's spaces")
     validate.add_argument("source", help="Minari id, .hdf5 (D4RL format) or .npz path")
     validate.add_argument("--env-id", help="evaluation env id for files that do not record one")
-    make = dsub.add_parser("make", help="generate an offrl dataset as a local Minari dataset")
-    make.add_argument("dataset_id", help="e.g. offrl/tiny-v0")
-    make.add_argument("--force", action="store_true", help="replace an existing dataset")
+    make = dsub.add_parser("make", help="generate an offrl dataset as a local Minari dataset",
+                           description="Make a suite dataset by id, all of them (--all), or your own from a policy "
+                                       "file (--env --policy --steps --id). Policy files: offrl-actor-v1 files "
+                                       "(SAC snapshots, offrl.policies.save_actor) and offrl training checkpoints "
+                                       "(runs/<algo>/.../checkpoints/last.pt of sac, td3_bc, bc).")
+    make.add_argument("dataset_id", nargs="?", help="e.g. offrl/tiny-v0 or offrl/hopper/medium-v0")
+    make.add_argument("--all", action="store_true", help="make every suite dataset that is not on disk yet")
+    make.add_argument("--force", action="store_true", help="replace existing datasets")
+    make.add_argument("--env", help="your own dataset: the Gymnasium env id, e.g. Hopper-v5")
+    make.add_argument("--policy", help="your own dataset: a policy file or offrl training checkpoint")
+    make.add_argument("--steps", type=int, help="your own dataset: number of transitions")
+    make.add_argument("--id", dest="custom_id", help="your own dataset: its Minari id, e.g. my/hopper/custom-v0")
+    make.add_argument("--seed", type=int, default=0, help="your own dataset: reset and action-sampling seed")
+    make.add_argument("--deterministic", action="store_true", help="your own dataset: act with the policy's mode")
+    make.add_argument("--ref-min-score", type=float, help="your own dataset: reference random return")
+    make.add_argument("--ref-max-score", type=float, help="your own dataset: reference expert return")
+    verify = dsub.add_parser("verify", help="regenerate offrl datasets and compare checksums")
+    verify.add_argument("dataset_id", nargs="?", help="one dataset (default: every local offrl dataset)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning, module="minari")
     try:
-        {"list": datasets_list, "info": datasets_info, "validate": datasets_validate, "make": datasets_make}[args.action](args)
+        {"list": datasets_list, "info": datasets_info, "validate": datasets_validate, "make": datasets_make,
+         "verify": datasets_verify}[args.action](args)
     except OffrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -92,7 +108,7 @@ def datasets_list(args) -> None:
     from offrl.data import suite
 
     local = minari.list_local_datasets()
-    ids = sorted(set(local) | set(suite.RECIPES))
+    ids = sorted(set(local) | set(suite.known_ids()))
     print(f"{'id':40s} {'status':10s} {'episodes':>8s} {'steps':>9s}  env")
     for dataset_id in ids:
         if dataset_id in local:
@@ -134,9 +150,46 @@ def datasets_validate(args) -> None:
 def datasets_make(args) -> None:
     from offrl.data import suite
 
-    result = suite.make(args.dataset_id, overwrite=args.force)
-    print(f"made {result['id']}: {result['transitions']} transitions, {result['episodes']} episodes in "
-          f"{result['seconds']:.1f} s, checksum {result['checksum']} -> {suite.local_path(result['id'])}")
+    custom = [args.env, args.policy, args.steps, args.custom_id]
+    if any(v is not None for v in custom):
+        if not all(v is not None for v in custom):
+            raise OffrlError("your own dataset needs all of --env, --policy, --steps and --id")
+        made = suite.make_custom(args.env, args.policy, args.steps, args.seed, args.deterministic,
+                                 args.ref_min_score, args.ref_max_score)
+        checksum = suite.write_minari_dataset(args.custom_id, made, overwrite=args.force)
+        print(f"made {args.custom_id}: {args.steps} transitions, {len(made.episodes)} episodes, checksum {checksum} "
+              f"-> {suite.local_path(args.custom_id)}")
+        return
+    if args.all == (args.dataset_id is not None):
+        raise OffrlError("give a dataset id or --all (or --env/--policy/--steps/--id for your own)")
+    ids = suite.known_ids() if args.all else [args.dataset_id]
+    builder = suite.SuiteBuilder()
+    for dataset_id in ids:
+        if args.all and suite.exists(dataset_id) and not args.force:
+            print(f"{dataset_id}: already made")
+            continue
+        result = suite.make(dataset_id, overwrite=args.force, builder=builder)
+        print(f"made {result['id']}: {result['transitions']} transitions, {result['episodes']} episodes in "
+              f"{result['seconds']:.1f} s, checksum {result['checksum']} -> {suite.local_path(result['id'])}", flush=True)
+
+
+def datasets_verify(args) -> None:
+    import minari
+
+    from offrl.data import suite
+
+    ids = [args.dataset_id] if args.dataset_id else [i for i in sorted(minari.list_local_datasets())
+                                                     if suite.stored_info(i).get("checksum")]
+    failed = []
+    for dataset_id in ids:
+        result = suite.verify(dataset_id)
+        status = "ok" if result["ok"] else "MISMATCH"
+        print(f"{dataset_id}: {status} (stored {result['stored']}, regenerated {result['regenerated']}, "
+              f"{result['seconds']:.1f} s)", flush=True)
+        if not result["ok"]:
+            failed.append(dataset_id)
+    if failed:
+        raise OffrlError(f"{len(failed)} dataset(s) did not regenerate exactly: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

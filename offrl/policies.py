@@ -88,8 +88,33 @@ class Policy:
         return self.actor.to_env(unit).cpu().numpy()
 
 
+# Training checkpoints (runs/<algo>/.../checkpoints/last.pt) whose agent has an `actor` of a known kind.
+RUN_CHECKPOINT_KINDS = {"sac": "tanh_gaussian", "td3_bc": "deterministic", "bc": "deterministic"}
+
+
+def _from_run_checkpoint(state: dict, path) -> dict:
+    algo = state.get("algo")
+    if algo not in RUN_CHECKPOINT_KINDS:
+        raise CheckpointError(f"policy {path}: a training checkpoint of '{algo}', whose actor offrl cannot load "
+                              f"as a policy (supported: {', '.join(RUN_CHECKPOINT_KINDS)})")
+    agent = state["objects"]["agent"]
+    actor_state = agent["actor"]
+    first_weight = next(v for k, v in actor_state.items() if k.endswith(".weight") and v.dim() == 2)
+    scale, bias = actor_state["action_scale"], actor_state["action_bias"]
+    out = {"format": FORMAT, "kind": RUN_CHECKPOINT_KINDS[algo], "obs_dim": first_weight.shape[1],
+           "act_dim": scale.numel(), "hidden": json.loads(state["config"])["hidden"], "action_low": bias - scale,
+           "action_high": bias + scale, "state_dict": actor_state, "env_id": None, "step": state.get("step")}
+    normalizer = agent.get("normalizer")
+    if normalizer is not None and normalizer["mean"].dim() == 1:
+        out["obs_mean"], out["obs_std"] = normalizer["mean"], normalizer["std"]
+    return out
+
+
 def load_policy(path: str | Path, device: torch.device | str = "cpu") -> Policy:
+    """Load an offrl-actor-v1 policy file, or the actor of an offrl training checkpoint."""
     state = ckpt.load(path, map_location="cpu")
+    if "objects" in state and "algo" in state:
+        state = _from_run_checkpoint(state, path)
     if state.get("format") != FORMAT:
         raise CheckpointError(f"policy {path}: not an {FORMAT} policy file (format: {state.get('format')!r}); "
                               "save one with offrl.policies.save_actor")

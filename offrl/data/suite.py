@@ -5,8 +5,8 @@ into place, so a failed or interrupted write never leaves a half-written dataset
 makes `minari.list_local_datasets()` crash). The checksum stored in the metadata is computed from
 the dataset as `load_minari` reads it back, so `verify` can compare regenerations exactly.
 
-`RECIPES` maps each makeable id to the function that makes it; the tiny dataset for tests and the
-quickstart is `offrl/tiny-v0`.
+Makeable ids: `offrl/tiny-v0` (tests and quickstart) and `offrl/<env>/<level>-v0` for every env
+whose behaviour policies (a `manifest.json` and actor files) are in `policies_root()`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class Episode:
 class MadeDataset:
     episodes: list[Episode]
     env_spec: object  # gymnasium EnvSpec
-    ref_min_score: float
-    ref_max_score: float
+    ref_min_score: float | None
+    ref_max_score: float | None
     description: str
     algorithm_name: str
     info: dict = field(default_factory=dict)
@@ -98,8 +98,10 @@ def write_minari_dataset(dataset_id: str, made: MadeDataset, overwrite: bool = F
             mdata = minari.create_dataset_from_buffers(
                 dataset_id, buffers, env=made.env_spec, eval_env=made.env_spec,
                 algorithm_name=made.algorithm_name, author="offrl", author_email="offrl@users.noreply.invalid",
-                code_permalink="offrl/data/suite.py", ref_min_score=float(made.ref_min_score),
-                ref_max_score=float(made.ref_max_score), description=made.description, data_format="hdf5",
+                code_permalink="offrl/data/suite.py",
+                ref_min_score=None if made.ref_min_score is None else float(made.ref_min_score),
+                ref_max_score=None if made.ref_max_score is None else float(made.ref_max_score),
+                description=made.description, data_format="hdf5",
             )
             checksum = load_minari(dataset_id).checksum()
             mdata.storage.update_metadata({"offrl": json.dumps({**made.info, "checksum": checksum})})
@@ -178,21 +180,258 @@ def rollout(env, policy: Callable[[np.ndarray], np.ndarray], seed: int, max_step
                    np.asarray(terms), np.asarray(truncs), seed)
 
 
-RECIPES: dict[str, Callable[[], MadeDataset]] = {"offrl/tiny-v0": make_tiny}
+# ------------------------------------------------------------------------- the D4RL-style suite
+LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
+LEVEL_SEEDS = {"random": 1_000_000, "medium": 2_000_000, "medium-replay": 3_000_000, "expert": 4_000_000}
+REF_SEED = 123  # reference-score episodes reset with 123, 124, ... (Minari's convention)
+REF_EPISODES = 100
+DATASET_SIZE = 1_000_000
 
 
-def make(dataset_id: str, overwrite: bool = False) -> dict:
-    """Make a registered dataset; returns its id, checksum and generation time in seconds."""
-    if dataset_id not in RECIPES:
-        raise DatasetError(dataset_id, f"no recipe to make it (known: {', '.join(sorted(RECIPES))})")
+def policies_root() -> Path:
+    """Where the behaviour-policy manifests live: the package's data folder, or $OFFRL_POLICIES_PATH."""
+    return Path(os.environ.get("OFFRL_POLICIES_PATH") or Path(__file__).resolve().parent.parent / "assets" / "policies")
+
+
+def manifests() -> dict[str, dict]:
+    """{env key (e.g. 'hopper'): manifest} for every policy folder with a manifest.json."""
+    found = {}
+    root = policies_root()
+    if root.is_dir():
+        for path in sorted(root.glob("*/manifest.json")):
+            manifest = json.loads(path.read_text())
+            manifest["dir"] = str(path.parent)
+            found[path.parent.name] = manifest
+    return found
+
+
+def suite_ids() -> list[str]:
+    return [f"offrl/{env}/{level}-v0" for env in manifests() for level in LEVELS]
+
+
+def parse_suite_id(dataset_id: str) -> tuple[str, str] | None:
+    parts = dataset_id.split("/")
+    if len(parts) == 3 and parts[0] == "offrl" and parts[2].endswith("-v0") and parts[2][:-3] in LEVELS:
+        return parts[1], parts[2][:-3]
+    return None
+
+
+def file_sha256(path: str | Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+class SuiteBuilder:
+    """Makes suite datasets, sharing reference scores and the medium/expert episodes between
+    levels of one env (medium-expert = medium + expert)."""
+
+    def __init__(self):
+        self._refs: dict[str, tuple[float, float]] = {}
+        self._episodes: dict[tuple[str, str], list[Episode]] = {}
+
+    def policy(self, manifest: dict, name: str):
+        from offrl.policies import load_policy
+
+        return load_policy(Path(manifest["dir"]) / name)
+
+    def reference_scores(self, env: str, manifest: dict) -> tuple[float, float]:
+        """ref_min: uniform random policy; ref_max: the expert policy with sampled actions, as it
+        acts in the data; 100 episodes each, resets seeded 123, 124, ..."""
+        from offrl.data import rollout
+
+        if env not in self._refs:
+            spec = manifest["env_id"]
+            space = _action_space(spec)
+            ref_min = rollout.average_return(spec, rollout.uniform_policy(space, REF_SEED), REF_EPISODES, REF_SEED)
+            expert = rollout.sampled_policy(self.policy(manifest, manifest["expert"]["file"]), REF_SEED)
+            ref_max = rollout.average_return(spec, expert, REF_EPISODES, REF_SEED)
+            self._refs[env] = (ref_min, ref_max)
+        return self._refs[env]
+
+    def episodes(self, env: str, level: str, manifest: dict) -> list[Episode]:
+        from offrl.data import rollout
+
+        key = (env, level)
+        if key in self._episodes:
+            return self._episodes[key]
+        spec, seed = manifest["env_id"], LEVEL_SEEDS.get(level, 0)
+        size = int(manifest.get("dataset_size", DATASET_SIZE))
+        if level == "random":
+            episodes = rollout.collect(spec, rollout.uniform_policy(_action_space(spec), seed), size, seed)
+        elif level in ("medium", "expert"):
+            policy = rollout.sampled_policy(self.policy(manifest, manifest[level]["file"]), seed)
+            episodes = rollout.collect(spec, policy, size, seed)
+        elif level == "medium-replay":
+            episodes = rollout.collect(spec, self.replay_schedule(manifest, seed), int(manifest["medium"]["step"]), seed)
+        elif level == "medium-expert":
+            episodes = self.episodes(env, "medium", manifest) + self.episodes(env, "expert", manifest)
+        else:
+            raise ValueError(level)
+        if level in ("medium", "expert"):
+            self._episodes[key] = episodes
+        return episodes
+
+    def replay_schedule(self, manifest: dict, seed: int):
+        """What the SAC learner acted with until it reached medium: uniform actions for its first
+        `learning_starts` steps, then snapshot k from its step on (snapshot 1 from learning_starts)."""
+        from offrl.data import rollout
+
+        schedule = [(0, rollout.uniform_policy(_action_space(manifest["env_id"]), seed))]
+        snapshots = [s for s in manifest["replay"] if s["step"] < manifest["medium"]["step"]]
+        for k, snapshot in enumerate(snapshots):
+            start = int(manifest["learning_starts"]) if k == 0 else int(snapshot["step"])
+            schedule.append((start, rollout.sampled_policy(self.policy(manifest, snapshot["file"]), seed + 1 + k)))
+        return rollout.scheduled_policy(schedule)
+
+    def made(self, dataset_id: str) -> MadeDataset:
+        parsed = parse_suite_id(dataset_id)
+        all_manifests = manifests()
+        if parsed is None or parsed[0] not in all_manifests:
+            known = ", ".join(["offrl/tiny-v0", *suite_ids()])
+            raise DatasetError(dataset_id, f"no recipe to make it (known: {known})")
+        env, level = parsed
+        manifest = all_manifests[env]
+        start = time.perf_counter()
+        ref_min, ref_max = self.reference_scores(env, manifest)
+        episodes = self.episodes(env, level, manifest)
+        used = {"random": [], "medium": [manifest["medium"]["file"]], "expert": [manifest["expert"]["file"]],
+                "medium-expert": [manifest["medium"]["file"], manifest["expert"]["file"]],
+                "medium-replay": [s["file"] for s in manifest["replay"] if s["step"] < manifest["medium"]["step"]]}[level]
+        return MadeDataset(
+            episodes=episodes, env_spec=gym_spec(manifest["env_id"]), ref_min_score=ref_min, ref_max_score=ref_max,
+            algorithm_name="sac" if level != "random" else "uniform-random",
+            description=LEVEL_DESCRIPTIONS[level].format(env_id=manifest["env_id"], **_level_facts(manifest)),
+            info={"recipe": "suite", "env": env, "level": level, "actions": "sampled", "seed": LEVEL_SEEDS.get(level),
+                  "policies": {name: file_sha256(Path(manifest["dir"]) / name) for name in used},
+                  "reference": {"episodes": REF_EPISODES, "seed": REF_SEED}, "seconds": time.perf_counter() - start},
+        )
+
+
+LEVEL_DESCRIPTIONS = {
+    "random": "{env_id}, uniform random actions; episodes reset with seeds from the level seed up.",
+    "medium": "{env_id}, SAC snapshot at env step {medium_step} (eval return {medium_return:.0f}, about a third "
+              "to a half of the expert's), actions sampled from the policy.",
+    "medium-replay": "{env_id}, the SAC learner's experience until medium (env step {medium_step}): uniform actions "
+                     "for {learning_starts} steps, then each saved snapshot in turn from its step, actions sampled.",
+    "expert": "{env_id}, final SAC policy (env step {expert_step}, eval return {expert_return:.0f}), actions sampled.",
+    "medium-expert": "{env_id}, the medium and expert datasets concatenated.",
+}
+
+
+def _level_facts(manifest: dict) -> dict:
+    return {"medium_step": manifest["medium"]["step"], "medium_return": manifest["medium"].get("eval_return", float("nan")),
+            "expert_step": manifest["expert"]["step"], "expert_return": manifest["expert"].get("eval_return", float("nan")),
+            "learning_starts": manifest["learning_starts"]}
+
+
+def gym_spec(env_id: str):
+    import gymnasium as gym
+
+    return gym.spec(env_id)
+
+
+def _action_space(env_spec):
+    import gymnasium as gym
+
+    env = gym.make(env_spec)
+    space = env.action_space
+    env.close()
+    return space
+
+
+def known_ids() -> list[str]:
+    return ["offrl/tiny-v0", *suite_ids()]
+
+
+def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None = None) -> dict:
+    """Make an offrl dataset; returns its id, checksum, size and generation time in seconds."""
     start = time.perf_counter()
-    made = RECIPES[dataset_id]()
+    made = make_tiny() if dataset_id == "offrl/tiny-v0" else (builder or SuiteBuilder()).made(dataset_id)
+    made.info["seconds"] = round(time.perf_counter() - start, 1)
     checksum = write_minari_dataset(dataset_id, made, overwrite=overwrite)
     return {"id": dataset_id, "checksum": checksum, "seconds": time.perf_counter() - start,
             "episodes": len(made.episodes), "transitions": int(sum(len(e) for e in made.episodes))}
 
 
+def regenerate_checksum(dataset_id: str) -> str:
+    """Regenerate a dataset in a scratch folder and return the checksum it gets."""
+    info = stored_info(dataset_id)
+    if info.get("recipe") == "custom":
+        made = make_custom_from_info(info)
+    elif dataset_id == "offrl/tiny-v0":
+        made = make_tiny(seed=info.get("seed", 0), transitions=info.get("transitions", 10_000))
+    else:
+        made = SuiteBuilder().made(dataset_id)
+    with tempfile.TemporaryDirectory() as scratch, _minari_root(Path(scratch)):
+        return write_minari_dataset(dataset_id, made)
+
+
+def stored_info(dataset_id: str) -> dict:
+    path = local_path(dataset_id) / "data" / "metadata.json"
+    if not path.exists():
+        raise DatasetError(dataset_id, "not on this machine (make it first with `offrl datasets make`)")
+    raw = json.loads(path.read_text()).get("offrl")
+    return json.loads(raw) if isinstance(raw, str) else (raw or {})
+
+
+def verify(dataset_id: str) -> dict:
+    """Regenerate and compare checksums with the stored one."""
+    stored = stored_info(dataset_id).get("checksum")
+    if stored is None:
+        raise DatasetError(dataset_id, "has no offrl checksum in its metadata: it was not made by offrl")
+    start = time.perf_counter()
+    fresh = regenerate_checksum(dataset_id)
+    return {"id": dataset_id, "stored": stored, "regenerated": fresh, "ok": stored == fresh,
+            "seconds": time.perf_counter() - start}
+
+
 def ensure(dataset_id: str) -> None:
-    """Make a registered dataset when it is not on disk yet."""
-    if dataset_id in RECIPES and not exists(dataset_id):
+    """Make an offrl dataset when it is not on disk yet (no-op for other ids)."""
+    if dataset_id in known_ids() and not exists(dataset_id):
         make(dataset_id)
+
+
+# ---------------------------------------------------------------------- bring your own policy
+def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, deterministic: bool = False,
+                ref_min_score: float | None = None, ref_max_score: float | None = None) -> MadeDataset:
+    """A dataset from any policy file `offrl.policies.load_policy` reads. Reference scores: the
+    ones given, else the suite's for the same env (so scores compare), else none."""
+    from offrl.data import rollout
+    from offrl.policies import load_policy
+
+    policy = load_policy(policy_path)
+    env = gym_spec(env_id)
+    space = _action_space(env)
+    if policy.actor.action_scale.numel() != int(np.prod(space.shape)):
+        raise DatasetError(policy_path, f"policy acts in {policy.actor.action_scale.numel()} dims, env {env_id} in "
+                           f"{int(np.prod(space.shape))}")
+    episodes = rollout.collect(env, rollout.sampled_policy(policy, seed, deterministic), steps, seed)
+    ref_source = "given"
+    if ref_min_score is None or ref_max_score is None:
+        suite_env = next((k for k, m in manifests().items() if m["env_id"] == env_id), None)
+        if suite_env is not None:
+            ref_min_score, ref_max_score = SuiteBuilder().reference_scores(suite_env, manifests()[suite_env])
+            ref_source = f"offrl suite ({suite_env})"
+        else:
+            ref_min_score = ref_max_score = None
+            ref_source = None
+    return MadeDataset(
+        episodes=episodes, env_spec=env, ref_min_score=ref_min_score, ref_max_score=ref_max_score,
+        algorithm_name=f"policy:{Path(policy_path).name}",
+        description=f"{env_id}, {steps} steps of policy {Path(policy_path).name} "
+                    f"({'deterministic' if deterministic else 'sampled'} actions), seed {seed}.",
+        info={"recipe": "custom", "env_id": env_id, "policy": str(Path(policy_path).resolve()),
+              "policy_sha256": file_sha256(policy_path), "steps": steps, "seed": seed,
+              "deterministic": deterministic, "ref_min_score": ref_min_score, "ref_max_score": ref_max_score,
+              "ref_source": ref_source},
+    )
+
+
+def make_custom_from_info(info: dict) -> MadeDataset:
+    if not Path(info["policy"]).exists():
+        raise DatasetError(info["policy"], "the policy file this dataset was made from is gone; cannot regenerate")
+    if file_sha256(info["policy"]) != info["policy_sha256"]:
+        raise DatasetError(info["policy"], "the policy file changed since the dataset was made")
+    return make_custom(info["env_id"], info["policy"], info["steps"], info["seed"], info["deterministic"],
+                       info["ref_min_score"], info["ref_max_score"])

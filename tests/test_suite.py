@@ -1,0 +1,117 @@
+"""The dataset suite's machinery on a small stand-in: random-init SAC-shaped actors for
+InvertedPendulum-v5 with a manifest of the same format as the real behaviour policies."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from offrl import policies
+from offrl.data import load_dataset, rollout, suite
+from offrl.nets import TanhGaussianActor
+
+from conftest import PYTHON, run_cli
+
+ENV = "InvertedPendulum-v5"
+
+
+@pytest.fixture(scope="module")
+def policy_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("policies")
+    folder = root / "pendulum"
+    folder.mkdir()
+    for step, seed in [(1000, 1), (2000, 2), (5000, 3)]:
+        torch.manual_seed(seed)
+        actor = TanhGaussianActor(4, 1, [-3.0], [3.0], (32, 32))
+        name = "expert.pt" if step == 5000 else f"actor_{step:07d}.pt"
+        policies.save_actor(folder / name, actor, env_id=ENV, step=step, hidden=(32, 32))
+    manifest = {"format": "offrl-suite-policies-v1", "env_id": ENV, "learning_starts": 500, "actor_every": 1000,
+                "dataset_size": 3000, "expert": {"file": "expert.pt", "step": 5000, "eval_return": 30.0},
+                "medium": {"file": "actor_0002000.pt", "step": 2000, "eval_return": 12.0},
+                "replay": [{"file": "actor_0001000.pt", "step": 1000}, {"file": "actor_0002000.pt", "step": 2000}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OFFRL_POLICIES_PATH", str(root))
+    yield root
+    mp.undo()
+
+
+def test_collect_is_exact_and_deterministic():
+    space = gym.make(ENV).action_space
+    runs = [rollout.collect(ENV, rollout.uniform_policy(space, 5), 1234, seed=40, num_envs=7) for _ in range(2)]
+    assert sum(len(e) for e in runs[0]) == 1234
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a.observations, b.observations)
+        np.testing.assert_array_equal(a.actions, b.actions)
+    seeds = [e.seed for e in runs[0]]
+    assert len(set(seeds)) == len(seeds) and min(seeds) == 40
+    assert all(e.terminations[-1] or e.truncations[-1] for e in runs[0])
+    assert all(not (e.terminations[:-1].any() or e.truncations[:-1].any()) for e in runs[0])
+
+
+def test_scheduled_policy_switches_at_the_given_steps():
+    calls = []
+    schedule = rollout.scheduled_policy([(0, lambda o, s: calls.append(("a", s)) or np.zeros((len(o), 1))),
+                                         (10, lambda o, s: calls.append(("b", s)) or np.ones((len(o), 1)))])
+    for step in (0, 9, 10, 25):
+        schedule(np.zeros((1, 4)), step)
+    assert calls == [("a", 0), ("a", 9), ("b", 10), ("b", 25)]
+    with pytest.raises(ValueError):
+        rollout.scheduled_policy([(5, None)])
+
+
+def test_all_levels_made_listed_and_consistent(policy_root):
+    out = run_cli("offrl", "datasets", "make", "--all").stdout
+    ids = [f"offrl/pendulum/{level}-v0" for level in suite.LEVELS]
+    for dataset_id in ids:
+        assert f"made {dataset_id}" in out
+    listed = run_cli("offrl", "datasets", "list").stdout
+    assert all(f"{i} " in listed and "local" in listed for i in ids)
+    data = {level: load_dataset(f"offrl/pendulum/{level}-v0") for level in suite.LEVELS}
+    assert len(data["random"]) == len(data["medium"]) == len(data["expert"]) == 3000
+    assert len(data["medium-replay"]) == 2000  # the learner's experience until the medium snapshot
+    assert len(data["medium-expert"]) == 6000
+    np.testing.assert_array_equal(data["medium-expert"].observations[:3000], data["medium"].observations)
+    refs = {(d.metadata["ref_min_score"], d.metadata["ref_max_score"]) for d in data.values()}
+    assert len(refs) == 1  # one pair of reference scores per env
+    info = data["medium-replay"].metadata["offrl"]
+    assert info["level"] == "medium-replay" and list(info["policies"]) == ["actor_0001000.pt"]
+    assert info["actions"] == "sampled"
+    again = run_cli("offrl", "datasets", "make", "--all").stdout
+    assert "offrl/pendulum/random-v0: already made" in again
+
+
+def test_verify_regenerates_exactly_and_catches_a_mismatch(policy_root):
+    suite.ensure("offrl/pendulum/medium-replay-v0")
+    out = run_cli("offrl", "datasets", "verify", "offrl/pendulum/medium-replay-v0").stdout
+    assert "offrl/pendulum/medium-replay-v0: ok" in out
+    meta_path = suite.local_path("offrl/pendulum/medium-replay-v0") / "data" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    info = json.loads(meta["offrl"])
+    info["checksum"] = "0" * 16
+    meta["offrl"] = json.dumps(info)
+    meta_path.write_text(json.dumps(meta))
+    bad = run_cli("offrl", "datasets", "verify", "offrl/pendulum/medium-replay-v0", check=False)
+    assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "did not regenerate exactly" in bad.stderr
+
+
+def test_bring_your_own_policy(policy_root, tmp_path, tiny):
+    # a policy file ...
+    run_cli("offrl", "datasets", "make", "--env", ENV, "--policy", str(policy_root / "pendulum" / "expert.pt"),
+            "--steps", "700", "--id", "my/pendulum/custom-v0")
+    ds = load_dataset("my/pendulum/custom-v0")
+    assert len(ds) == 700 and ds.metadata["offrl"]["ref_source"] == "offrl suite (pendulum)"
+    assert "my/pendulum/custom-v0: ok" in run_cli("offrl", "datasets", "verify", "my/pendulum/custom-v0").stdout
+    # ... or a training checkpoint, with its state normalization
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "50", "--eval.every", "0", "--eval.episodes", "2",
+            "--log.wandb", "disabled", "--hidden", "32", "--run.out-dir", str(tmp_path))
+    (checkpoint,) = tmp_path.glob("td3_bc/*/*/checkpoints/last.pt")
+    policy = policies.load_policy(checkpoint)
+    assert policy.kind == "deterministic" and policy.obs_mean is not None
+    run_cli("offrl", "datasets", "make", "--env", ENV, "--policy", str(checkpoint), "--steps", "300",
+            "--id", "my/pendulum/td3bc-v0", "--ref-min-score", "0", "--ref-max-score", "200")
+    assert load_dataset("my/pendulum/td3bc-v0").metadata["ref_max_score"] == 200.0
+    partial = run_cli("offrl", "datasets", "make", "--env", ENV, "--steps", "10", check=False)
+    assert partial.returncode == 1 and "needs all of" in partial.stderr
