@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from offrl.config import DataConfig, TrainConfig
-from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
+from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
 from offrl.nets import DeterministicActor
 from offrl.run import Run, cli_main
@@ -84,7 +84,7 @@ Agent = BC
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount))
     run = Run("bc", cfg)
-    buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
+    buffer = data.buffer(run.device, seed=cfg.seed)
     agent = BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):

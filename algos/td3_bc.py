@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from offrl.config import DataConfig, TrainConfig
-from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
+from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
 from offrl.run import Run, cli_main
 
@@ -140,7 +140,7 @@ Agent = TD3BC
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data)
     run = Run("td3_bc", cfg)
-    buffer = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed)
+    buffer = data.buffer(run.device, seed=cfg.seed)
     agent = TD3BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):

@@ -32,6 +32,12 @@ class DataConfig:
     """Add this to rewards (after scaling)."""
     clip_actions: bool = False
     """Clip dataset actions into the env's bounds shrunk by 1e-5 (keeps atanh/log-probs finite)."""
+    sampling: Literal["uniform", "return-weighted"] = "uniform"
+    """Batch sampling: uniform over transitions, or return-weighted (Hong et al. 2023, 'Harnessing Mixed
+    Offline RL Datasets via Trajectory Weighting'): P(transition) ~ exp(G_hat / temperature), G_hat its
+    episode's return min-max scaled to [0, 1]."""
+    return_temperature: float = 0.1
+    """Temperature of return-weighted sampling (larger = closer to uniform)."""
 
 
 @dataclass

@@ -94,27 +94,31 @@ class EnsembleMLP(nn.Module):
 
 
 class EnsembleCritic(nn.Module):
-    """Q_1..Q_E(s, a) -> [E, B]; E = 2 gives TD3/SAC's twin critics in one batched module."""
+    """Q_1..Q_E(s, a) -> [E, B] (or [E, B, out_dim] for out_dim > 1, e.g. HL-Gauss logits);
+    E = 2 gives TD3/SAC's twin critics in one batched module."""
 
     def __init__(self, obs_dim: int, act_dim: int, ensemble_size: int = 2, hidden: Sequence[int] = (256, 256),
-                 layer_norm: bool = False):
+                 layer_norm: bool = False, out_dim: int = 1):
         super().__init__()
-        self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, 1, hidden, layer_norm=layer_norm)
-        self.ensemble_size = ensemble_size
+        self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, out_dim, hidden, layer_norm=layer_norm)
+        self.ensemble_size, self.out_dim = ensemble_size, out_dim
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([obs, action], dim=-1)).squeeze(-1)
+        out = self.net(torch.cat([obs, action], dim=-1))
+        return out.squeeze(-1) if self.out_dim == 1 else out
 
 
 class ValueNetwork(nn.Module):
-    """V(s) -> [B]."""
+    """V(s) -> [B] (or [B, out_dim] for out_dim > 1)."""
 
-    def __init__(self, obs_dim: int, hidden: Sequence[int] = (256, 256), layer_norm: bool = False):
+    def __init__(self, obs_dim: int, hidden: Sequence[int] = (256, 256), layer_norm: bool = False, out_dim: int = 1):
         super().__init__()
-        self.net = mlp(obs_dim, 1, hidden, layer_norm=layer_norm)
+        self.net = mlp(obs_dim, out_dim, hidden, layer_norm=layer_norm)
+        self.out_dim = out_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs).squeeze(-1)
+        out = self.net(obs)
+        return out.squeeze(-1) if self.out_dim == 1 else out
 
 
 class _ActionScaling(nn.Module):

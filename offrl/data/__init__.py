@@ -42,10 +42,18 @@ class TrainingData:
     act_dim: int
     action_low: np.ndarray
     action_high: np.ndarray
+    sample_weights: np.ndarray | None = None  # per-transition probabilities (return-weighted sampling)
 
     @property
     def metadata(self) -> dict:
         return self.dataset.metadata
+
+    def buffer(self, device, seed: int) -> ReplayBuffer:
+        """The dataset as a replay buffer on `device`, sampling as the data config says."""
+        buffer = ReplayBuffer.from_dataset(self.dataset, device, seed=seed)
+        if self.sample_weights is not None:
+            buffer.set_sampling_weights(self.sample_weights)
+        return buffer
 
 
 def load_for_training(source: str, data_cfg, select=None) -> TrainingData:
@@ -66,8 +74,11 @@ def load_for_training(source: str, data_cfg, select=None) -> TrainingData:
         env.close()
     if select is not None:
         dataset = select(dataset)
+    weights = None
+    if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
+        weights = preprocess.return_weights(dataset, data_cfg.return_temperature)
     dataset, pre = preprocess.apply(dataset, data_cfg, low, high)
-    return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high)
+    return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high, weights)
 
 
 def check_env_compat(dataset: Dataset, observation_space, action_space) -> None:

@@ -37,6 +37,7 @@ class ReplayBuffer:
         self.position = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.cdf: torch.Tensor | None = None  # set by set_sampling_weights
 
     @classmethod
     def from_dataset(cls, dataset: Dataset, device: torch.device | str = "cpu", seed: int = 0,
@@ -68,8 +69,24 @@ class ReplayBuffer:
         self.position = end % self.capacity
         self.size = min(self.size + n, self.capacity)
 
+    def set_sampling_weights(self, weights: np.ndarray | torch.Tensor) -> None:
+        """Sample row i with probability weights[i] / sum(weights) (float64 CDF + searchsorted: O(B log N)
+        per batch, no host sync). Pass None to go back to uniform sampling."""
+        if weights is None:
+            self.cdf = None
+            return
+        weights = torch.as_tensor(weights, dtype=torch.float64, device=self.device)
+        if weights.shape != (self.size,) or not torch.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+            raise ValueError(f"sampling weights must be {self.size} finite non-negative numbers with a positive sum")
+        cdf = torch.cumsum(weights, 0)
+        self.cdf = cdf / cdf[-1]
+
     def sample(self, batch_size: int) -> Batch:
-        index = torch.randint(self.size, (batch_size,), device=self.device, generator=self.generator)
+        if self.cdf is None:
+            index = torch.randint(self.size, (batch_size,), device=self.device, generator=self.generator)
+        else:
+            u = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=self.generator)
+            index = torch.searchsorted(self.cdf, u, right=True).clamp_(max=self.size - 1)
         return self.gather(index)
 
     def gather(self, index: torch.Tensor) -> Batch:

@@ -46,6 +46,23 @@ def top_trajectories(dataset: Dataset, frac: float, discount: float = 1.0) -> Da
     return dataset.select_episodes(best)
 
 
+def return_weights(dataset: Dataset, temperature: float = 0.1) -> np.ndarray:
+    """Per-transition sampling probabilities of return-weighted sampling (RW, Hong et al. 2023):
+    p_i ~ exp(G_hat(episode of i) / temperature), G_hat = (G - G_min) / (G_max - G_min).
+
+    Deviation: the authors' d3rlpy wrapper computes G_hat but then applies the softmax to the raw
+    returns (a leftover of their 'fix max-min normalization' change); we use G_hat, as their AW
+    variant and the paper do."""
+    if temperature <= 0:
+        raise ValueError(f"return_temperature must be > 0, got {temperature}")
+    returns = dataset.episode_returns()
+    spread = returns.max() - returns.min()
+    scaled = (returns - returns.min()) / spread if spread > 0 else np.zeros_like(returns)
+    logits = np.repeat(scaled / temperature, dataset.episode_lengths())
+    weights = np.exp(logits - logits.max())
+    return weights / weights.sum()
+
+
 def clip_actions(dataset: Dataset, low: np.ndarray, high: np.ndarray, eps: float = 1e-5) -> Dataset:
     """Clip into [low, high] shrunk by eps * half-range (official IQL clips to +-(1 - 1e-5))."""
     half = (high - low) / 2.0

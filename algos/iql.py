@@ -1,0 +1,218 @@
+"""IQL: "Offline Reinforcement Learning with Implicit Q-Learning" (Kostrikov, Nair & Levine, ICLR 2022).
+
+Learns V as an upper expectile of Q over dataset actions (never querying out-of-distribution
+actions), backs Q up from V, and extracts the policy by advantage-weighted regression. Per step,
+in the official code's order:
+
+    V:      L_V  = mean |tau - 1(u < 0)| u^2,  u = min_i Q_targ_i(s, a) - V(s)
+    actor:  A    = min_i Q_targ_i(s, a) - V(s)          (V after its update)
+            w    = min(exp(beta * A), 100)
+            L_pi = -mean w * log pi(a|s)                 (gaussian)  |  mean w * ||pi(s) - a||^2  (deterministic)
+    Q:      y    = r + gamma * (1 - d) * V(s')            (V after its update)
+            L_Q  = sum_i mean (Q_i(s, a) - y)^2
+    target: Polyak update of the Q ensemble with tau.
+
+Defaults are the official locomotion config (FACTS.md section 3): expectile 0.7, beta 3.0,
+gamma 0.99, tau 0.005, 2x256 networks, Adam 3e-4 with the actor's lr cosine-decayed to 0 over
+training, batch 256, Gaussian actor with tanh mean and state-independent log-std clipped to
+[-5, 2] (not tanh-squashed; evaluated at its mean); rewards scaled by 1000 / (max - min episode
+return); dataset actions clipped to the bounds shrunk by 1e-5; no state normalization.
+
+`--critic-loss hl-gauss` (Farebrother et al. 2024, FACTS.md section 15) makes Q and V categorical
+over `hl_bins` bins on [v_min, v_max] (default: [min r, max r] / (1 - gamma) of the preprocessed
+data), trained with cross-entropy against HL-Gauss targets (sigma = `hl_sigma_ratio` x bin width)
+and read out as expectations. V's expectile becomes a weight on its cross-entropy:
+|tau - 1(u < 0)| with u = target - E[V] (this weighting is our choice; the paper has no IQL).
+
+Deviations: twin critics are one batched ensemble; actions are scaled to the env's box (the
+official code assumes [-1, 1]). CORL instead uses V before its update for A and y and normalizes
+states; both are one flag away (--data.normalize-states).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch
+
+from offrl.config import DataConfig, TrainConfig
+from offrl.data import Batch, TrainingData, load_for_training
+from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
+from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, soft_update
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(TrainConfig):
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    actor_lr: float = 3e-4
+    """Adam learning rate of the actor (cosine-decayed to 0 with --cosine-actor-lr)."""
+    value_lr: float = 3e-4
+    """Adam learning rate of V."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the Q ensemble."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor, V and Q."""
+    num_critics: int = 2
+    """Q ensemble size (min over members for targets)."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 0.005
+    """Polyak rate of the target Q ensemble."""
+    expectile: float = 0.7
+    """Expectile of V's regression (0.5 = mean; 0.7 locomotion, 0.9 AntMaze)."""
+    beta: float = 3.0
+    """Inverse temperature of the advantage weights (3.0 locomotion, 10.0 AntMaze)."""
+    exp_adv_max: float = 100.0
+    """Cap on exp(beta * A)."""
+    actor: Literal["gaussian", "deterministic"] = "gaussian"
+    """Gaussian AWR (official) or deterministic advantage-weighted MSE (CORL's hopper configs)."""
+    actor_dropout: float = 0.0
+    """Dropout in the actor's hidden layers."""
+    cosine_actor_lr: bool = True
+    """Cosine-decay the actor's learning rate to 0 over --steps."""
+    critic_loss: Literal["mse", "hl-gauss"] = "mse"
+    """Regression (official) or HL-Gauss classification for Q and V."""
+    hl_bins: int = 101
+    """HL-Gauss: number of bins."""
+    hl_v_min: Optional[float] = None
+    """HL-Gauss: lower end of the value support (default min reward / (1 - gamma))."""
+    hl_v_max: Optional[float] = None
+    """HL-Gauss: upper end of the value support (default max reward / (1 - gamma))."""
+    hl_sigma_ratio: float = 0.75
+    """HL-Gauss: sigma as a multiple of the bin width."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
+
+
+class IQL:
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        obs_dim, act_dim = data.obs_dim, data.act_dim
+        self.normalizer = data.preprocessing.state_normalizer(device)
+        self.hl = None
+        out_dim = 1
+        if cfg.critic_loss == "hl-gauss":
+            rewards = data.dataset.rewards
+            v_min = cfg.hl_v_min if cfg.hl_v_min is not None else min(float(rewards.min()), 0.0) / (1 - cfg.gamma)
+            v_max = cfg.hl_v_max if cfg.hl_v_max is not None else max(float(rewards.max()), 0.0) / (1 - cfg.gamma)
+            self.hl = HLGauss(v_min, v_max, cfg.hl_bins, cfg.hl_sigma_ratio).to(device)
+            out_dim = cfg.hl_bins
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, out_dim=out_dim).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.value = ValueNetwork(obs_dim, cfg.hidden, out_dim=out_dim).to(device)
+        if cfg.actor == "gaussian":
+            self.actor = GaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden, cfg.actor_dropout)
+        else:
+            self.actor = DeterministicActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden,
+                                            dropout=cfg.actor_dropout)
+        self.actor.to(device)
+        fused = device.type in ("cpu", "cuda")
+        self.value_opt = torch.optim.Adam(self.value.parameters(), lr=cfg.value_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.actor_schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(self.actor_opt, T_max=max(cfg.steps, 1))
+                               if cfg.cosine_actor_lr else None)
+        self._update = torch.compile(self._update_impl) if cfg.run.compile else self._update_impl
+
+    # Scalar readouts: the network output itself (mse) or the HL-Gauss expectation.
+    def q_values(self, critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        out = critic(obs, actions)
+        return out if self.hl is None else self.hl.value(out)
+
+    def v_value(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.value(obs)
+        return out if self.hl is None else self.hl.value(out)
+
+    def _update_impl(self, batch: Batch) -> dict[str, torch.Tensor]:
+        obs, actions = batch.observations, batch.actions
+        with torch.no_grad():
+            target_q = self.q_values(self.critic_target, obs, actions).min(dim=0).values
+
+        # V: expectile regression toward the target critics' min.
+        if self.hl is None:
+            v = self.value(obs)
+            value_loss = expectile_loss(target_q - v, self.cfg.expectile)
+        else:
+            logits = self.value(obs)
+            v = self.hl.value(logits)
+            weights = expectile_weights(target_q - v.detach(), self.cfg.expectile)
+            value_loss = (weights * self.hl.cross_entropy(logits, target_q)).mean()
+        self.value_opt.zero_grad(set_to_none=True)
+        value_loss.backward()
+        self.value_opt.step()
+
+        # Actor: advantage-weighted regression with the updated V.
+        with torch.no_grad():
+            advantage = target_q - self.v_value(obs)
+            weights = awr_weights(advantage, self.cfg.beta, self.cfg.exp_adv_max)
+        if self.cfg.actor == "gaussian":
+            actor_loss = -(weights * self.actor.log_prob(obs, actions)).mean()
+        else:
+            actor_loss = (weights * ((self.actor(obs) - actions) ** 2).sum(-1)).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+        if self.actor_schedule is not None:
+            self.actor_schedule.step()
+
+        # Q: regress onto r + gamma * (1 - d) * V(s') with the updated V.
+        with torch.no_grad():
+            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * self.v_value(batch.next_observations)
+        out = self.critic(obs, actions)
+        if self.hl is None:
+            q = out
+            critic_loss = ((q - target) ** 2).mean(dim=1).sum()
+        else:
+            q = self.hl.value(out)
+            critic_loss = self.hl.cross_entropy(out, target.expand(out.shape[0], -1)).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        return {"value_loss": value_loss.detach(), "actor_loss": actor_loss.detach(),
+                "critic_loss": critic_loss.detach(), "v_mean": v.detach().mean(), "q_mean": q.detach().mean(),
+                "advantage_mean": advantage.mean(), "weight_mean": weights.mean()}
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self._update(batch)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(self.normalizer(obs))
+
+    def state_dict(self) -> dict:
+        state = {name: getattr(self, name).state_dict() for name in
+                 ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer")}
+        if self.actor_schedule is not None:
+            state["actor_schedule"] = self.actor_schedule.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer"):
+            getattr(self, name).load_state_dict(state[name])
+        if self.actor_schedule is not None:
+            self.actor_schedule.load_state_dict(state["actor_schedule"])
+
+
+Agent = IQL
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data)
+    run = Run("iql", cfg)
+    buffer = data.buffer(run.device, seed=cfg.seed)
+    agent = IQL(cfg, data, run.device)
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish()
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)
