@@ -82,8 +82,9 @@ Agent = BC
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount))
-    run = Run("bc", cfg)
+    data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount),
+                             seed=cfg.seed)
+    run = Run("bc", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     agent = BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}

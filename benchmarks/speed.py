@@ -29,7 +29,7 @@ from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
 
-DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "sac")
+DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "sac")
 
 
 def synthetic_data(obs_dim: int = 11, act_dim: int = 3, rows: int = 100_000, seed: int = 0) -> TrainingData:

@@ -24,6 +24,8 @@ class DataConfig:
     """Standardize observations with dataset mean/std (+ eps); the same transform is applied at evaluation."""
     state_norm_eps: float = 1e-3
     """Added to the std when normalizing states."""
+    state_stats_with_next: bool = False
+    """Compute the normalization statistics over observations and next_observations together (RIQL)."""
     normalize_reward: bool = False
     """IQL's return-range scaling: r <- r * 1000 / (max episode return - min episode return)."""
     reward_scale: float = 1.0
@@ -38,6 +40,18 @@ class DataConfig:
     episode's return min-max scaled to [0, 1]."""
     return_temperature: float = 0.1
     """Temperature of return-weighted sampling (larger = closer to uniform)."""
+    corrupt: Optional[Literal["observations", "actions", "rewards", "next_observations"]] = None
+    """Corrupt this field of a fraction of the transitions (RIQL's protocol; see offrl/data/corruption.py)."""
+    corruption_mode: Literal["random", "adversarial"] = "random"
+    """Random noise, or a perturbation that minimizes a trained critic's Q (--data.attack-critic)."""
+    corruption_rate: float = 0.3
+    """Fraction c of transitions corrupted (each independently)."""
+    corruption_range: float = 1.0
+    """Scale epsilon of the corruption (in dataset stds for obs/actions/next obs)."""
+    corruption_seed: Optional[int] = None
+    """Seed that picks the corrupted rows and the noise (default: the run's seed)."""
+    attack_critic: Optional[str] = None
+    """Adversarial corruption: an offrl training checkpoint (iql, cql, td3_bc, sac) trained on the clean data."""
 
 
 @dataclass

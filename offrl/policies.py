@@ -89,7 +89,8 @@ class Policy:
 
 
 # Training checkpoints (runs/<algo>/.../checkpoints/last.pt) whose agent has an `actor` of a known kind.
-RUN_CHECKPOINT_KINDS = {"sac": "tanh_gaussian", "td3_bc": "deterministic", "bc": "deterministic"}
+RUN_CHECKPOINT_KINDS = {"sac": "tanh_gaussian", "cql": "tanh_gaussian", "td3_bc": "deterministic", "bc": "deterministic",
+                        "iql": "gaussian", "riql": "deterministic"}
 
 
 def _from_run_checkpoint(state: dict, path) -> dict:
@@ -99,10 +100,14 @@ def _from_run_checkpoint(state: dict, path) -> dict:
                               f"as a policy (supported: {', '.join(RUN_CHECKPOINT_KINDS)})")
     agent = state["objects"]["agent"]
     actor_state = agent["actor"]
+    config = json.loads(state["config"])
+    kind = RUN_CHECKPOINT_KINDS[algo]
+    if algo in ("iql", "riql") and "actor" in config:  # their actor type is an option
+        kind = config["actor"]
     first_weight = next(v for k, v in actor_state.items() if k.endswith(".weight") and v.dim() == 2)
     scale, bias = actor_state["action_scale"], actor_state["action_bias"]
-    out = {"format": FORMAT, "kind": RUN_CHECKPOINT_KINDS[algo], "obs_dim": first_weight.shape[1],
-           "act_dim": scale.numel(), "hidden": json.loads(state["config"])["hidden"], "action_low": bias - scale,
+    out = {"format": FORMAT, "kind": kind, "obs_dim": first_weight.shape[1],
+           "act_dim": scale.numel(), "hidden": config["hidden"], "action_low": bias - scale,
            "action_high": bias + scale, "state_dict": actor_state, "env_id": None, "step": state.get("step")}
     normalizer = agent.get("normalizer")
     if normalizer is not None and normalizer["mean"].dim() == 1:

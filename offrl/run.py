@@ -47,7 +47,9 @@ def seed_everything(seed: int) -> None:
 
 
 class Run:
-    def __init__(self, algo: str, cfg: Any):
+    def __init__(self, algo: str, cfg: Any, data: Any = None):
+        """`data`: the TrainingData an offline run trains on; what it was (checksum, preprocessing,
+        corrupted rows) is written to the run folder."""
         self.algo, self.cfg = algo, cfg
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:
@@ -82,6 +84,8 @@ class Run:
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None)
+        if data is not None:
+            self._record_data(data)
         self.progress = Progress(cfg.steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
 
@@ -121,6 +125,21 @@ class Run:
         if changed:
             details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.config.get(k)!r}" for k in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
+
+    def _record_data(self, data: Any) -> None:
+        meta = data.metadata
+        pre = data.preprocessing
+        record = {k: meta.get(k) for k in ("name", "source", "env_id", "checksum", "ref_min_score", "ref_max_score",
+                                            "ref_source", "corruption")}
+        record |= {"trained_checksum": data.dataset.checksum(),  # after corruption and preprocessing
+                   "transitions": len(data.dataset), "episodes": data.dataset.num_episodes,
+                   "normalized_states": pre.obs_mean is not None, "reward_scale": pre.reward_scale,
+                   "reward_bias": pre.reward_bias, "return_weighted_sampling": data.sample_weights is not None}
+        (self.dir / "dataset.json").write_text(json.dumps(record, indent=2, default=str))
+        if data.corruption is not None:
+            from offrl.data import corruption
+
+            corruption.save(data.corruption, self.dir / "corruption.npz")
 
     # ------------------------------------------------------------------------------------ loop
     def steps(self, state: dict[str, Any]) -> Iterator[int]:

@@ -49,7 +49,10 @@ def test_offrl_train_and_wandb_offline(tiny, tmp_path):
     assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run folder missing"
 
 
-@pytest.mark.parametrize("algo", ["bc", "td3_bc"])
+from offrl.cli import ALGORITHMS
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
 def test_help_documents_every_option(algo):
     import importlib
 

@@ -43,6 +43,7 @@ class TrainingData:
     action_low: np.ndarray
     action_high: np.ndarray
     sample_weights: np.ndarray | None = None  # per-transition probabilities (return-weighted sampling)
+    corruption: object | None = None  # offrl.data.corruption.Corruption when --data.corrupt is set
 
     @property
     def metadata(self) -> dict:
@@ -56,7 +57,7 @@ class TrainingData:
         return buffer
 
 
-def load_for_training(source: str, data_cfg, select=None) -> TrainingData:
+def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> TrainingData:
     """Load (making an offrl suite dataset if missing), check it against its evaluation env's
     spaces, apply `select` (a Dataset -> Dataset filter, e.g. %BC's top trajectories) and then the
     preprocessing `data_cfg` asks for, so statistics come from the data actually trained on."""
@@ -74,11 +75,18 @@ def load_for_training(source: str, data_cfg, select=None) -> TrainingData:
         env.close()
     if select is not None:
         dataset = select(dataset)
+    corruption = None
+    if data_cfg.corrupt is not None:
+        from offrl.data.corruption import corrupt
+
+        seed_used = data_cfg.corruption_seed if data_cfg.corruption_seed is not None else seed
+        dataset, corruption = corrupt(dataset, data_cfg.corrupt, data_cfg.corruption_mode, data_cfg.corruption_rate,
+                                      data_cfg.corruption_range, seed_used, data_cfg.attack_critic)
     weights = None
     if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
         weights = preprocess.return_weights(dataset, data_cfg.return_temperature)
     dataset, pre = preprocess.apply(dataset, data_cfg, low, high)
-    return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high, weights)
+    return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high, weights, corruption)
 
 
 def check_env_compat(dataset: Dataset, observation_space, action_space) -> None:

@@ -110,6 +110,8 @@ def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None,
         dataset = dataset.replace(rewards=(dataset.rewards * scale + cfg.reward_bias).astype(np.float32))
     pre.reward_scale, pre.reward_bias = scale, cfg.reward_bias
     if cfg.normalize_states:
-        pre.obs_mean, pre.obs_std = state_stats(dataset.observations, cfg.state_norm_eps)
+        observations = (np.concatenate([dataset.observations, dataset.next_observations])
+                        if getattr(cfg, "state_stats_with_next", False) else dataset.observations)
+        pre.obs_mean, pre.obs_std = state_stats(observations, cfg.state_norm_eps)
         dataset = normalize_states(dataset, pre.obs_mean, pre.obs_std)
     return dataset, pre

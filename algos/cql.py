@@ -1,0 +1,231 @@
+"""CQL: "Conservative Q-Learning for Offline Reinforcement Learning" (Kumar et al., NeurIPS 2020).
+
+SAC whose critics are pushed down on actions the policy (and a uniform proposal) would take and
+up on dataset actions. CQL(H) with importance sampling (the official `min_q_version=3`), per
+critic i:
+
+    y      = r + gamma * (1 - d) * min_j Q_targ_j(s', a'),  a' ~ pi(.|s')        (deterministic backup:
+             no entropy term; `--max-target-backup`: max over N sampled a' of the min over critics)
+    L_TD_i = 1/2 * mean (Q_i(s, a) - y)^2
+    X      = { Q_i(s, u_k) - log U(u_k) } U { Q_i(s, a_k) - log pi(a_k|s) } U { Q_i(s, a'_k) - log pi(a'_k|s') },
+             k = 1..N,  u_k ~ Uniform(action box),  a_k ~ pi(.|s),  a'_k ~ pi(.|s')   (log-probs detached)
+    gap_i  = mean_s [ T * logsumexp(X / T) ] - mean_D Q_i(s, a)
+    L_i    = L_TD_i + cql_alpha * gap_i                         (fixed alpha)
+           = L_TD_i + alpha' * cql_alpha * (gap_i - target_gap)  (--lagrange; alpha' = clamp(exp(log alpha'), 0, 1e6)
+                                                                  trained by ascent: loss -1/2 sum_i alpha' * ...)
+Actor (SAC with auto-entropy, target -|A|): mean (alpha_ent * log pi(a~|s) - min_i Q_i(s, a~)); for the first
+`bc_steps` steps mean (alpha_ent * log pi(a~|s) - log pi(a_D|s)) (official BC warm start).
+Targets: Polyak tau every step.
+
+Defaults (FACTS.md section 4): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4, policy lr
+1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, states
+normalized (std + 1e-3), as the official README's recommended command and OfflineRL-Kit (CORL uses
+cql_alpha 10 and policy lr 3e-5). `--num-critics 10 --layer-norm` is WSRL's pre-training setup.
+
+Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,
+uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are both computed
+with the networks as they were before the step (as rlkit does); the uniform proposal's density
+uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1].
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from offrl.config import DataConfig, TrainConfig
+from offrl.data import Batch, TrainingData, load_for_training
+from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(TrainConfig):
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    actor_lr: float = 1e-4
+    """Adam learning rate of the policy (and of the entropy temperature)."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the Q ensemble (and of the Lagrange multiplier)."""
+    hidden: tuple[int, ...] = (256, 256, 256)
+    """Hidden layer widths of policy and critics."""
+    num_critics: int = 2
+    """Q ensemble size (WSRL pre-trains with 10)."""
+    layer_norm: bool = False
+    """LayerNorm in the critics' hidden layers (WSRL)."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 5e-3
+    """Polyak rate of the target critics."""
+    cql_alpha: float = 5.0
+    """Weight of the conservative penalty (official README: 5 or 10; CORL: 10)."""
+    n_actions: int = 10
+    """Sampled actions per proposal (uniform, pi(s), pi(s')) in the logsumexp."""
+    temperature: float = 1.0
+    """Temperature T of the logsumexp."""
+    lagrange: bool = False
+    """Tune the penalty's weight so the gap approaches --target-gap."""
+    target_gap: float = 10.0
+    """Lagrange threshold tau on the gap."""
+    max_target_backup: bool = False
+    """Back up the max over n_actions sampled next actions (of the min over critics)."""
+    deterministic_backup: bool = True
+    """Leave the entropy term out of the TD target (official default)."""
+    bc_steps: int = 0
+    """Policy steps of behaviour cloning (log-likelihood) before the SAC objective (official: 40000)."""
+    init_alpha: float = 1.0
+    """Initial entropy temperature."""
+    target_entropy: float | None = None
+    """Target entropy (default -action_dim)."""
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+
+
+def cql_gap(q_data: torch.Tensor, q_uniform: torch.Tensor, q_pi: torch.Tensor, q_next_pi: torch.Tensor,
+            log_uniform: float, log_pi: torch.Tensor, log_next_pi: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """CQL(H) importance-sampled gap per critic: mean_s T*logsumexp(X/T) - mean_D Q.
+
+    q_data [E, B]; q_uniform, q_pi, q_next_pi [E, B, N]; log_pi, log_next_pi [B, N] (detached);
+    log_uniform: the uniform proposal's log-density (a constant). Returns [E]."""
+    x = torch.cat([q_uniform - log_uniform, q_pi - log_pi.detach(), q_next_pi - log_next_pi.detach()], dim=-1)
+    pushed_down = temperature * torch.logsumexp(x / temperature, dim=-1)
+    return pushed_down.mean(dim=1) - q_data.mean(dim=1)
+
+
+class CQL:
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        obs_dim, act_dim = data.obs_dim, data.act_dim
+        self.normalizer = data.preprocessing.state_normalizer(device)
+        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
+        self.log_lagrange = torch.zeros((), device=device, requires_grad=True)
+        self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
+        low = torch.as_tensor(data.action_low, device=device)
+        high = torch.as_tensor(data.action_high, device=device)
+        self.action_low, self.action_range = low, high - low
+        self.log_uniform = -float(torch.log(high - low).sum())
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.actor_lr)
+        self.lagrange_opt = torch.optim.Adam([self.log_lagrange], lr=cfg.critic_lr)
+        self.updates = 0
+        self._critic_loss = torch.compile(self.critic_loss) if cfg.run.compile else self.critic_loss
+
+    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg, (B, obs_dim), n = self.cfg, batch.observations.shape, self.cfg.n_actions
+        alpha = self.log_alpha.detach().exp()
+        obs_rep = batch.observations.repeat_interleave(n, dim=0)  # [B*N, obs]
+        next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
+        with torch.no_grad():
+            if cfg.max_target_backup:
+                next_actions, next_log_prob = self.actor(next_obs_rep)
+                next_q = self.critic_target(next_obs_rep, next_actions).min(dim=0).values.view(B, n)
+                best = next_q.argmax(dim=1, keepdim=True)
+                next_q = next_q.gather(1, best).squeeze(1)
+                next_log_prob = next_log_prob.view(B, n).gather(1, best).squeeze(1)
+            else:
+                next_actions, next_log_prob = self.actor(batch.next_observations)
+                next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
+            if not cfg.deterministic_backup:
+                next_q = next_q - alpha * next_log_prob
+            target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q
+            uniform = self.action_low + self.action_range * torch.rand(B * n, self.action_range.numel(), device=obs_rep.device)
+            pi_actions, log_pi = self.actor(obs_rep)
+            next_pi_actions, log_next_pi = self.actor(next_obs_rep)
+        # One ensemble forward for every Q the loss needs: data, uniform, pi(s) and pi(s') actions at s.
+        all_obs = torch.cat([batch.observations, obs_rep, obs_rep, obs_rep])
+        all_actions = torch.cat([batch.actions, uniform, pi_actions, next_pi_actions])
+        q_all = self.critic(all_obs, all_actions)
+        q_data = q_all[:, :B]
+        q_uniform, q_pi, q_next_pi = q_all[:, B:].reshape(q_all.shape[0], 3, B, n).unbind(dim=1)
+        td_loss = 0.5 * ((q_data - target) ** 2).mean(dim=1)
+        gap = cql_gap(q_data, q_uniform, q_pi, q_next_pi, self.log_uniform, log_pi.view(B, n),
+                      log_next_pi.view(B, n), cfg.temperature)
+        if cfg.lagrange:
+            multiplier = self.log_lagrange.exp().clamp(0.0, 1e6)
+            penalty = multiplier.detach() * cfg.cql_alpha * (gap - cfg.target_gap)
+            lagrange_loss = -0.5 * (multiplier * cfg.cql_alpha * (gap.detach() - cfg.target_gap)).sum()
+        else:
+            penalty = cfg.cql_alpha * gap
+            lagrange_loss = torch.zeros((), device=gap.device)
+        loss = (td_loss + penalty).sum()
+        return loss, {"critic_loss": loss.detach(), "td_loss": td_loss.detach().mean(), "cql_gap": gap.detach().mean(),
+                      "q_data": q_data.detach().mean(), "q_pi": q_pi.detach().mean(), "lagrange_loss": lagrange_loss}
+
+    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        alpha = self.log_alpha.detach().exp()
+        actions, log_prob = self.actor(batch.observations)
+        if self.updates < self.cfg.bc_steps:
+            objective = self.actor.log_prob(batch.observations, batch.actions)
+        else:
+            objective = self.critic(batch.observations, actions).min(dim=0).values
+        loss = (alpha * log_prob - objective).mean()
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        return loss, alpha_loss, {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        actor_loss, alpha_loss, actor_metrics = self.actor_loss(batch)
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward(inputs=list(self.actor.parameters()))
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        critic_loss, metrics = self._critic_loss(batch)
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward(inputs=list(self.critic.parameters()))
+        if self.cfg.lagrange:
+            self.lagrange_opt.zero_grad(set_to_none=True)
+            metrics["lagrange_loss"].backward()
+            self.lagrange_opt.step()
+            metrics["lagrange_loss"] = metrics["lagrange_loss"].detach()
+            metrics["lagrange_multiplier"] = self.log_lagrange.detach().exp()
+        self.actor_opt.step()
+        self.alpha_opt.step()
+        self.critic_opt.step()
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        self.updates += 1
+        return {**metrics, **actor_metrics}
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(self.normalizer(obs))
+
+    def state_dict(self) -> dict:
+        state = {name: getattr(self, name).state_dict() for name in
+                 ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "lagrange_opt", "normalizer")}
+        return {**state, "log_alpha": self.log_alpha.detach().clone(), "log_lagrange": self.log_lagrange.detach().clone(),
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "lagrange_opt", "normalizer"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+            self.log_lagrange.copy_(state["log_lagrange"])
+        self.updates = int(state["updates"])
+
+
+Agent = CQL
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    run = Run("cql", cfg, data)
+    buffer = data.buffer(run.device, seed=cfg.seed)
+    agent = CQL(cfg, data, run.device)
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish()
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)

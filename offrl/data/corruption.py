@@ -1,0 +1,163 @@
+"""Data corruption, RIQL's protocol (Yang et al., ICLR 2024; FACTS.md section 5), for any algorithm
+through `--data.corrupt <field>`.
+
+Each transition is hit independently with probability `rate` (a NumPy generator seeded with the
+corruption seed picks them); one field per run:
+
+random       observations / actions / next_observations: x <- x + range * std(x) * U(-1, 1)^d, with
+             the per-dimension std over the whole (clean) field; rewards: r <- U(-30 range, 30 range)
+             (replaced, not perturbed).
+adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d found by 100 Adam steps
+             (lr 0.01 * range, p initialized uniformly and projected back into the box after each step)
+             that minimize the mean of a trained critic's Q(s, a) at the perturbed input;
+             next_observations: the same, minimizing Q(s', pi(s')) with the checkpoint's actor;
+             rewards: r <- -range * r.
+             The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac: the min over its
+             Q ensemble, with its state normalization), trained on the clean data by this project.
+Deviation: RIQL's attacks use a pretrained EDAC agent (10 critics); any offrl Q-ensemble checkpoint is
+accepted here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from offrl.data.dataset import Dataset
+from offrl.errors import OffrlError
+
+FIELDS = ("observations", "actions", "rewards", "next_observations")
+
+
+@dataclass
+class Corruption:
+    field: str
+    mode: str
+    rate: float
+    scale: float
+    seed: int
+    rows: np.ndarray  # indices of the corrupted transitions
+    original: np.ndarray  # their clean values
+
+    def summary(self) -> dict:
+        return {"field": self.field, "mode": self.mode, "rate": self.rate, "range": self.scale, "seed": self.seed,
+                "rows_hit": int(len(self.rows))}
+
+
+def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.3, scale: float = 1.0, seed: int = 0,
+            critic_checkpoint: str | None = None, attack_steps: int = 100, chunk_size: int = 50_000) -> tuple[Dataset, Corruption]:
+    if field not in FIELDS:
+        raise OffrlError(f"--data.corrupt {field}: choose one of {', '.join(FIELDS)}")
+    if not 0.0 <= rate <= 1.0:
+        raise OffrlError(f"--data.corruption-rate must be in [0, 1], got {rate}")
+    rng = np.random.default_rng(seed)
+    rows = np.flatnonzero(rng.random(len(dataset)) < rate)
+    clean = getattr(dataset, field)
+    values = clean.copy()
+    if mode == "random":
+        if field == "rewards":
+            values[rows] = rng.uniform(-30 * scale, 30 * scale, size=len(rows)).astype(np.float32)
+        else:
+            std = clean.std(0, dtype=np.float64).astype(np.float32)
+            values[rows] = clean[rows] + scale * std * rng.uniform(-1, 1, size=(len(rows), clean.shape[1])).astype(np.float32)
+    elif mode == "adversarial":
+        if field == "rewards":
+            values[rows] = -scale * clean[rows]
+        else:
+            if critic_checkpoint is None:
+                raise OffrlError("adversarial corruption of observations, actions or next observations needs "
+                                 "--data.attack-critic <offrl training checkpoint trained on the clean data>")
+            values[rows] = adversarial_perturbation(dataset, field, rows, scale, critic_checkpoint, rng,
+                                                    attack_steps, chunk_size)
+    else:
+        raise OffrlError(f"--data.corruption-mode {mode}: choose random or adversarial")
+    info = Corruption(field, mode, rate, scale, seed, rows, clean[rows].copy())
+    corrupted = dataset.replace(**{field: values.astype(np.float32)}, metadata={**dataset.metadata, "corruption": info.summary()})
+    return corrupted, info
+
+
+class AttackCritic:
+    """min_i Q_i(s, a) and pi(s) of an offrl training checkpoint, in raw (unnormalized) state space."""
+
+    KINDS = ("iql", "cql", "td3_bc", "sac")
+
+    def __init__(self, path: str, device: torch.device | str = "cpu"):
+        from offrl import checkpoint as ckpt
+        from offrl.nets import EnsembleCritic
+        from offrl.policies import load_policy
+
+        state = ckpt.load(path, map_location="cpu")
+        algo = state.get("algo")
+        if algo not in self.KINDS or "objects" not in state:
+            raise OffrlError(f"attack critic {path}: not a training checkpoint of {', '.join(self.KINDS)} (found {algo!r})")
+        config = json.loads(state["config"])
+        agent = state["objects"]["agent"]
+        critic_state = agent["critic"]
+        weights = [v for k, v in critic_state.items() if k.endswith("weight") and v.dim() == 3]
+        if weights[-1].shape[-1] != 1:
+            raise OffrlError(f"attack critic {path}: needs a scalar Q (HL-Gauss critics are not supported)")
+        ensemble, in_dim = weights[0].shape[0], weights[0].shape[1]
+        layer_norm = any("net.1.weight" in k and v.dim() == 3 and v.shape[1] == 1 for k, v in critic_state.items())
+        act_dim = agent["actor"]["action_scale"].numel()
+        self.critic = EnsembleCritic(in_dim - act_dim, act_dim, ensemble, tuple(config["hidden"]), layer_norm=layer_norm)
+        self.critic.load_state_dict(critic_state)
+        self.critic.to(device).eval().requires_grad_(False)
+        normalizer = agent.get("normalizer")
+        self.mean = self.std = None
+        if normalizer is not None and normalizer["mean"].dim() == 1:
+            self.mean, self.std = normalizer["mean"].to(device), normalizer["std"].to(device)
+        self.policy = load_policy(path, device).actor.requires_grad_(False)
+        self.device = torch.device(device)
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.mean) / self.std if self.mean is not None else obs
+
+    def q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.normalize(obs), actions).min(dim=0).values
+
+    def q_of_policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(s', pi(s')) with pi's deterministic action (the mean / mode)."""
+        normalized = self.normalize(obs)
+        action = self.policy.to_env(torch.tanh(self.policy.distribution(normalized)[0])) if hasattr(self.policy, "distribution") \
+            else self.policy(normalized)
+        return self.critic(normalized, action).min(dim=0).values
+
+
+def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, scale: float, checkpoint: str,
+                             rng: np.random.Generator, steps: int = 100, chunk_size: int = 50_000) -> np.ndarray:
+    """x + p * std(x) with p in [-scale, scale]^d minimizing the critic's Q (RIQL's projected Adam attack)."""
+    attacker = AttackCritic(checkpoint)
+    clean = getattr(dataset, field)
+    std = torch.as_tensor(clean.std(0, dtype=np.float64), dtype=torch.float32)
+    out = np.empty((len(rows), clean.shape[1]), np.float32)
+    generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    for start in range(0, len(rows), chunk_size):
+        index = rows[start:start + chunk_size]
+        obs = torch.as_tensor(dataset.observations[index])
+        actions = torch.as_tensor(dataset.actions[index])
+        target = torch.as_tensor(clean[index])
+        p = ((torch.rand(target.shape, generator=generator) * 2 - 1) * scale).requires_grad_()
+        optimizer = torch.optim.Adam([p], lr=0.01 * scale)
+        for _ in range(steps):
+            perturbed = target + p * std
+            if field == "observations":
+                q = attacker.q(perturbed, actions)
+            elif field == "actions":
+                q = attacker.q(obs, perturbed)
+            else:
+                q = attacker.q_of_policy(perturbed)
+            optimizer.zero_grad(set_to_none=True)
+            q.mean().backward()
+            optimizer.step()
+            with torch.no_grad():
+                p.clamp_(-scale, scale)
+        out[start:start + len(index)] = (target + p.detach() * std).numpy()
+    return out
+
+
+def save(info: Corruption, path: str | Path) -> None:
+    np.savez_compressed(path, rows=info.rows, original=info.original, summary=np.array(json.dumps(info.summary())))

@@ -1,0 +1,100 @@
+"""IQL, CQL, RIQL: the CQL penalty by hand, data corruption, and command-line smoke tests."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from algos.cql import cql_gap
+from offrl.data import load_dataset
+from offrl.data.corruption import AttackCritic, corrupt
+
+from conftest import PYTHON, run_cli
+
+FAST = ["--eval.episodes", "2", "--log.every", "50", "--log.wandb", "disabled", "--hidden", "32", "32"]
+
+
+def test_cql_gap_by_hand():
+    # one critic, one state, N = 1 action per proposal, |A| = 1 on [-1, 1] -> log U = log 0.5
+    q_data = torch.tensor([[0.5]])
+    q_uniform, q_pi, q_next = torch.tensor([[[1.0]]]), torch.tensor([[[2.0]]]), torch.tensor([[[0.0]]])
+    log_pi, log_next_pi = torch.tensor([[-1.0]]), torch.tensor([[0.5]])
+    gap = cql_gap(q_data, q_uniform, q_pi, q_next, math.log(0.5), log_pi, log_next_pi, temperature=1.0)
+    expected = math.log(math.exp(1 - math.log(0.5)) + math.exp(2 + 1) + math.exp(0 - 0.5)) - 0.5
+    assert gap.item() == pytest.approx(expected)
+    # temperature T: T * logsumexp(X / T)
+    gap_t = cql_gap(q_data, q_uniform, q_pi, q_next, math.log(0.5), log_pi, log_next_pi, temperature=2.0)
+    xs = [1 - math.log(0.5), 3.0, -0.5]
+    assert gap_t.item() == pytest.approx(2 * math.log(sum(math.exp(x / 2) for x in xs)) - 0.5)
+    # gradients do not flow into the (detached) log-probabilities
+    log_pi.requires_grad_(True)
+    q_pi.requires_grad_(True)
+    cql_gap(q_data, q_uniform, q_pi, q_next, 0.0, log_pi, log_next_pi).sum().backward()
+    assert log_pi.grad is None and q_pi.grad is not None
+
+
+@pytest.mark.parametrize("field", ["observations", "actions", "rewards", "next_observations"])
+def test_random_corruption_hits_about_c_n_rows_of_one_field_reproducibly(tiny, field):
+    clean = load_dataset(tiny)
+    dirty, info = corrupt(clean, field, "random", rate=0.3, scale=1.0, seed=5)
+    n = len(clean)
+    assert abs(len(info.rows) - 0.3 * n) < 4 * math.sqrt(n * 0.3 * 0.7)
+    changed = np.flatnonzero(np.any((getattr(dirty, field) != getattr(clean, field)).reshape(n, -1), axis=1))
+    np.testing.assert_array_equal(changed, info.rows)
+    for other in {"observations", "actions", "rewards", "next_observations", "terminals", "timeouts"} - {field}:
+        np.testing.assert_array_equal(getattr(dirty, other), getattr(clean, other))
+    np.testing.assert_array_equal(info.original, getattr(clean, field)[info.rows])
+    again, _ = corrupt(clean, field, "random", rate=0.3, scale=1.0, seed=5)
+    np.testing.assert_array_equal(getattr(again, field), getattr(dirty, field))
+    other_seed, _ = corrupt(clean, field, "random", rate=0.3, scale=1.0, seed=6)
+    assert not np.array_equal(getattr(other_seed, field), getattr(dirty, field))
+    if field == "rewards":
+        assert np.abs(dirty.rewards[info.rows]).max() <= 30.0
+    else:
+        std = getattr(clean, field).std(0)
+        assert (np.abs(getattr(dirty, field) - getattr(clean, field)) <= std * 1.0 + 1e-5).all()
+
+
+def test_adversarial_corruption_lowers_the_critics_q(tiny, tmp_path):
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "300", "--eval.every", "0", *FAST, "--run.out-dir", str(tmp_path))
+    (checkpoint,) = tmp_path.glob("td3_bc/*/*/checkpoints/last.pt")
+    clean = load_dataset(tiny)
+    for field in ("observations", "actions"):
+        dirty, info = corrupt(clean, field, "adversarial", rate=0.05, scale=1.0, seed=0,
+                              critic_checkpoint=str(checkpoint), attack_steps=30)
+        attacker = AttackCritic(str(checkpoint))
+        rows = info.rows
+        obs, act = (torch.as_tensor(getattr(d, k)[rows]) for d, k in ((clean, "observations"), (clean, "actions")))
+        adv_obs = torch.as_tensor(dirty.observations[rows])
+        adv_act = torch.as_tensor(dirty.actions[rows])
+        assert attacker.q(adv_obs, adv_act).mean() < attacker.q(obs, act).mean() - 1e-3
+        std = getattr(clean, field).std(0)
+        assert (np.abs(getattr(dirty, field)[rows] - getattr(clean, field)[rows]) <= std + 1e-4).all()
+    dirty, info = corrupt(clean, "rewards", "adversarial", rate=0.1, scale=0.5, seed=0)
+    np.testing.assert_allclose(dirty.rewards[info.rows], -0.5 * clean.rewards[info.rows])
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("iql", []),
+    ("iql", ["--critic-loss", "hl-gauss", "--actor", "deterministic", "--data.sampling", "return-weighted"]),
+    ("cql", ["--n-actions", "4"]),
+    ("cql", ["--n-actions", "2", "--lagrange", "--max-target-backup", "--bc-steps", "50", "--num-critics", "3",
+             "--layer-norm"]),
+    ("riql", []),
+    ("riql", ["--data.corrupt", "next_observations", "--data.corruption-rate", "0.3"]),
+])
+def test_cli_smoke(tiny, tmp_path, algo, extra):
+    result = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "150", "--eval.every", "100", *FAST, *extra,
+                     "--run.out-dir", str(tmp_path))
+    assert "final normalized score" in result.stdout
+    (run_dir,) = tmp_path.glob(f"{algo}/*/*")
+    final = json.loads((run_dir / "final.json").read_text())
+    assert np.isfinite(final["eval/normalized_score"]) and np.isfinite(final["train/critic_loss"])
+    recorded = json.loads((run_dir / "dataset.json").read_text())
+    if "--data.corrupt" in extra:
+        assert recorded["corruption"]["field"] == "next_observations"
+        hits = np.load(run_dir / "corruption.npz")["rows"]
+        assert recorded["corruption"]["rows_hit"] == len(hits) > 0
+        assert recorded["trained_checksum"] != recorded["checksum"]
