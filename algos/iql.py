@@ -40,6 +40,7 @@ import torch
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
+from offrl.optim import adam, constant, cosine_decay
 from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, soft_update
 from offrl.run import Run, cli_main
 
@@ -109,13 +110,15 @@ class IQL:
             self.actor = DeterministicActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden,
                                             dropout=cfg.actor_dropout)
         self.actor.to(device)
-        fused = device.type in ("cpu", "cuda")
-        self.value_opt = torch.optim.Adam(self.value.parameters(), lr=cfg.value_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.actor_schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(self.actor_opt, T_max=max(cfg.steps, 1))
-                               if cfg.cosine_actor_lr else None)
-        self._update = torch.compile(self._update_impl) if cfg.run.compile else self._update_impl
+        self.value_opt = adam([{"params": self.value.parameters(), "lr": cfg.value_lr}], device)
+        # Adam is per-parameter, so one optimizer over actor and Q groups equals two; the actor's group decays.
+        self.actor_critic_opt = adam([{"params": self.actor.parameters(), "lr": cfg.actor_lr},
+                                      {"params": self.critic.parameters(), "lr": cfg.critic_lr}], device)
+        self.actor_schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.actor_critic_opt, [cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
+        # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager.
+        self._value_loss = torch.compile(self.value_loss) if cfg.run.compile else self.value_loss
+        self._actor_critic_loss = torch.compile(self.actor_critic_loss) if cfg.run.compile else self.actor_critic_loss
 
     # Scalar readouts: the network output itself (mse) or the HL-Gauss expectation.
     def q_values(self, critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -126,41 +129,34 @@ class IQL:
         out = self.value(obs)
         return out if self.hl is None else self.hl.value(out)
 
-    def _update_impl(self, batch: Batch) -> dict[str, torch.Tensor]:
-        obs, actions = batch.observations, batch.actions
+    def value_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expectile regression of V toward the target critics' min; returns (loss, target_q, V(s))."""
+        obs = batch.observations
         with torch.no_grad():
-            target_q = self.q_values(self.critic_target, obs, actions).min(dim=0).values
-
-        # V: expectile regression toward the target critics' min.
+            target_q = self.q_values(self.critic_target, obs, batch.actions).min(dim=0).values
         if self.hl is None:
             v = self.value(obs)
-            value_loss = expectile_loss(target_q - v, self.cfg.expectile)
+            loss = expectile_loss(target_q - v, self.cfg.expectile)
         else:
             logits = self.value(obs)
             v = self.hl.value(logits)
             weights = expectile_weights(target_q - v.detach(), self.cfg.expectile)
-            value_loss = (weights * self.hl.cross_entropy(logits, target_q)).mean()
-        self.value_opt.zero_grad(set_to_none=True)
-        value_loss.backward()
-        self.value_opt.step()
+            loss = (weights * self.hl.cross_entropy(logits, target_q)).mean()
+        return loss, target_q, v.detach()
 
-        # Actor: advantage-weighted regression with the updated V.
+    def actor_critic_loss(self, batch: Batch, target_q: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Actor and Q, both with the updated V: advantage-weighted regression, and regression onto
+        r + gamma * (1 - d) * V(s'). V(s) and V(s') come from one forward pass."""
+        obs, actions = batch.observations, batch.actions
         with torch.no_grad():
-            advantage = target_q - self.v_value(obs)
+            v_new, next_v = self.v_value(torch.cat([obs, batch.next_observations])).chunk(2)
+            advantage = target_q - v_new
             weights = awr_weights(advantage, self.cfg.beta, self.cfg.exp_adv_max)
+            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * next_v
         if self.cfg.actor == "gaussian":
             actor_loss = -(weights * self.actor.log_prob(obs, actions)).mean()
         else:
             actor_loss = (weights * ((self.actor(obs) - actions) ** 2).sum(-1)).mean()
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_opt.step()
-        if self.actor_schedule is not None:
-            self.actor_schedule.step()
-
-        # Q: regress onto r + gamma * (1 - d) * V(s') with the updated V.
-        with torch.no_grad():
-            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * self.v_value(batch.next_observations)
         out = self.critic(obs, actions)
         if self.hl is None:
             q = out
@@ -168,33 +164,36 @@ class IQL:
         else:
             q = self.hl.value(out)
             critic_loss = self.hl.cross_entropy(out, target.expand(out.shape[0], -1)).mean(dim=1).sum()
-        self.critic_opt.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_opt.step()
-        soft_update(self.critic_target, self.critic, self.cfg.tau)
-        return {"value_loss": value_loss.detach(), "actor_loss": actor_loss.detach(),
-                "critic_loss": critic_loss.detach(), "v_mean": v.detach().mean(), "q_mean": q.detach().mean(),
-                "advantage_mean": advantage.mean(), "weight_mean": weights.mean()}
+        return actor_loss + critic_loss, {"actor_loss": actor_loss.detach(), "critic_loss": critic_loss.detach(),
+                                          "q_mean": q.detach().mean(), "advantage_mean": advantage.mean(),
+                                          "weight_mean": weights.mean()}
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return self._update(batch)
+        value_loss, target_q, v = self._value_loss(batch)
+        self.value_opt.zero_grad(set_to_none=True)
+        value_loss.backward()
+        self.value_opt.step()
+        # Actor and Q steps are independent once V has stepped: one backward, one fused Adam step.
+        loss, metrics = self._actor_critic_loss(batch, target_q)
+        self.actor_critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.actor_critic_opt.step()
+        self.actor_schedule.step()
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        return {"value_loss": value_loss.detach(), "v_mean": v.mean(), **metrics}
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(self.normalizer(obs))
 
+    STATE = ("actor", "value", "critic", "critic_target", "value_opt", "actor_critic_opt", "actor_schedule", "normalizer")
+
     def state_dict(self) -> dict:
-        state = {name: getattr(self, name).state_dict() for name in
-                 ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer")}
-        if self.actor_schedule is not None:
-            state["actor_schedule"] = self.actor_schedule.state_dict()
-        return state
+        return {name: getattr(self, name).state_dict() for name in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer"):
+        for name in self.STATE:
             getattr(self, name).load_state_dict(state[name])
-        if self.actor_schedule is not None:
-            self.actor_schedule.load_state_dict(state["actor_schedule"])
 
 
 Agent = IQL

@@ -40,6 +40,7 @@ import torch
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import awr_weights, ensemble_quantile, expectile_loss, huber_loss
+from offrl.optim import adam, constant, cosine_decay
 from offrl.nets import DeterministicActor, EnsembleCritic, EnsembleLinear, GaussianActor, ValueNetwork, soft_update
 from offrl.run import Run, cli_main
 
@@ -109,12 +110,13 @@ class RIQL:
         else:
             self.actor = DeterministicActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden)
         self.actor.to(device)
-        fused = device.type in ("cpu", "cuda")
-        self.value_opt = torch.optim.Adam(self.value.parameters(), lr=cfg.value_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.actor_schedule = (torch.optim.lr_scheduler.CosineAnnealingLR(self.actor_opt, T_max=max(cfg.steps, 1))
-                               if cfg.cosine_actor_lr else None)
+        # V, actor and Q all use V before this step (as CORL/RIQL), so the three losses share one backward
+        # and one fused Adam step (per-parameter, so equal to three optimizers); the actor's group decays.
+        self.optimizer = adam([{"params": self.value.parameters(), "lr": cfg.value_lr},
+                               {"params": self.actor.parameters(), "lr": cfg.actor_lr},
+                               {"params": self.critic.parameters(), "lr": cfg.critic_lr}], device)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, [constant, cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
         self.huber_delta = 1.0 / cfg.sigma**2
         self._update = torch.compile(self._update_impl) if cfg.run.compile else self._update_impl
 
@@ -127,9 +129,6 @@ class RIQL:
         # V: expectile regression toward the ensemble quantile.
         v = self.value(obs)
         value_loss = expectile_loss(target_q - v, self.cfg.expectile)
-        self.value_opt.zero_grad(set_to_none=True)
-        value_loss.backward()
-        self.value_opt.step()
 
         # Actor: advantage-weighted regression (V before its update, as CORL/RIQL).
         advantage = target_q - v.detach()
@@ -138,19 +137,16 @@ class RIQL:
             actor_loss = -(weights * self.actor.log_prob(obs, actions)).mean()
         else:
             actor_loss = (weights * ((self.actor(obs) - actions) ** 2).sum(-1)).mean()
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_opt.step()
-        if self.actor_schedule is not None:
-            self.actor_schedule.step()
 
         # Q: Huber regression onto the clamped r + gamma * (1 - d) * V(s').
         target = (batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * next_v).clamp(*self.cfg.target_clip)
         q = self.critic(obs, actions)
         critic_loss = huber_loss(q - target, self.huber_delta).mean(dim=1).sum()
-        self.critic_opt.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_opt.step()
+
+        self.optimizer.zero_grad(set_to_none=True)
+        (value_loss + actor_loss + critic_loss).backward()
+        self.optimizer.step()
+        self.schedule.step()
         soft_update(self.critic_target, self.critic, self.cfg.tau)
         return {"value_loss": value_loss.detach(), "actor_loss": actor_loss.detach(),
                 "critic_loss": critic_loss.detach(), "v_mean": v.detach().mean(), "q_mean": q.detach().mean(),
@@ -163,18 +159,14 @@ class RIQL:
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(self.normalizer(obs))
 
+    STATE = ("actor", "value", "critic", "critic_target", "optimizer", "schedule", "normalizer")
+
     def state_dict(self) -> dict:
-        state = {name: getattr(self, name).state_dict() for name in
-                 ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer")}
-        if self.actor_schedule is not None:
-            state["actor_schedule"] = self.actor_schedule.state_dict()
-        return state
+        return {name: getattr(self, name).state_dict() for name in self.STATE}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "value", "critic", "critic_target", "actor_opt", "value_opt", "critic_opt", "normalizer"):
+        for name in self.STATE:
             getattr(self, name).load_state_dict(state[name])
-        if self.actor_schedule is not None:
-            self.actor_schedule.load_state_dict(state["actor_schedule"])
 
 
 Agent = RIQL
