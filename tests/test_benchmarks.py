@@ -1,0 +1,46 @@
+"""Sweep and table tooling: IQM by hand, a tiny resumable sweep rendered as a table."""
+
+import numpy as np
+import pytest
+
+from benchmarks import sweep, table
+from offrl.optim import cosine_decay
+
+from conftest import PYTHON, run_cli
+
+
+def test_iqm_by_hand():
+    assert table.iqm(np.array([4.0, 1.0, 3.0, 2.0])) == pytest.approx(2.5)  # mean of the middle two
+    # n = 3: quarter weights at the cut points -> (0.25 * 1 + 2 + 0.25 * 10) / 1.5
+    assert table.iqm(np.array([1.0, 2.0, 10.0])) == pytest.approx((0.25 + 2 + 2.5) / 1.5)
+    low, high = table.bootstrap_ci(np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert low <= table.iqm(np.array([1.0, 2.0, 3.0, 4.0, 5.0])) <= high
+
+
+def test_cosine_decay_matches_cosine_annealing():
+    import torch
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    reference = torch.optim.SGD([param], lr=1.0)
+    annealing = torch.optim.lr_scheduler.CosineAnnealingLR(reference, T_max=10)
+    decay = cosine_decay(10)
+    for step in range(11):  # up to T_max; past it CosineAnnealingLR rises again, ours stays at 0
+        assert decay(step) == pytest.approx(reference.param_groups[0]["lr"], abs=1e-9)
+        reference.step()
+        annealing.step()
+
+
+def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
+    args = ["-m", "benchmarks.sweep", "--name", "t", "--out-dir", str(tmp_path), "--variant", "bc=bc --hidden 16",
+            "--variant", "td3=td3_bc --hidden 16", "--datasets", tiny, "--seeds", "0", "1", "--steps", "60",
+            "--jobs", "2", "--common", "--eval.every 30 --eval.episodes 2"]
+    out = run_cli(PYTHON, *args).stdout
+    assert "0 of 4 runs already finished" in out and out.count("done ") == 4
+    again = run_cli(PYTHON, *args).stdout
+    assert "4 of 4 runs already finished; 0 to go" in again
+    text = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--title", "tiny",
+                   "--out", str(tmp_path / "t.md")).stdout
+    rows = [line for line in text.splitlines() if line.startswith("| bc") or line.startswith("| td3")]
+    assert len(rows) == 2 and all("| 2 |" in r for r in rows)
+    assert "Seeds [0, 1]; 60 gradient steps; each evaluation 2 episodes" in text
+    assert (tmp_path / "t.md").read_text().strip() == text.strip()
