@@ -9,7 +9,8 @@ backward), its GFLOP/s, and the ratio to the float32 matmul GFLOP/s measured in 
     python -m benchmarks.speed --algos bc td3_bc
     python -m benchmarks.speed --algos td3_bc --threads 1 --json
 
-Each algorithm module exposes `Config` and `Agent(cfg, data, device)` with `update(batch)`.
+Each algorithm module exposes `Config` and `Agent(cfg, data, device)` with `update(batch)`, or a
+`benchmark_step(cfg, data, device)` that returns one training step as its `train` runs it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
 
-DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "sac")
+DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac")
 
 
 def synthetic_data(obs_dim: int = 11, act_dim: int = 3, rows: int = 100_000, seed: int = 0) -> TrainingData:
@@ -82,11 +83,14 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         cfg.batch_size = batch_size
     data = synthetic_data()
     torch.manual_seed(0)
-    agent = module.Agent(cfg, data, device)
-    buffer = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
+    if hasattr(module, "benchmark_step"):  # algorithms that do not sample transitions (DT, RCSL)
+        step = module.benchmark_step(cfg, data, device)
+    else:
+        agent = module.Agent(cfg, data, device)
+        buffer = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
 
-    def step():
-        return agent.update(buffer.sample(cfg.batch_size))
+        def step():
+            return agent.update(buffer.sample(cfg.batch_size))
 
     for _ in range(warmup):
         step()

@@ -20,7 +20,7 @@ import warnings
 
 from offrl.errors import OffrlError
 
-ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "sac")
+ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac")
 
 
 def main(argv: list[str] | None = None) -> None:

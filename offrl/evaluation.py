@@ -56,12 +56,17 @@ class EvalResult:
 def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, episodes: int = 10, seed: int = 0,
              device: torch.device | str = "cpu", envs: gym.vector.VectorEnv | None = None) -> EvalResult:
     """Run `episodes` episodes in parallel, env i reset with seed + i; `policy` maps a float32 batch
-    of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space)."""
+    of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space).
+
+    A stateful policy (Decision Transformer, RCSL) may also have `reset(n)`, called before the
+    episodes, and `observe(rewards)`, called after every step with the rewards [n] on `device`."""
     own_envs = envs is None
     envs = envs or make_vector_env(metadata, episodes)
     if envs.num_envs != episodes:
         raise ValueError(f"vector env has {envs.num_envs} envs for {episodes} episodes")
     low, high = envs.single_action_space.low, envs.single_action_space.high
+    if hasattr(policy, "reset"):
+        policy.reset(episodes)
     try:
         obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
         returns = np.zeros(episodes)
@@ -71,6 +76,8 @@ def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, epi
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(episodes, -1)
             actions = policy(obs_t).reshape(episodes, -1).cpu().numpy()
             obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, low, high))
+            if hasattr(policy, "observe"):
+                policy.observe(torch.as_tensor(rewards, dtype=torch.float32, device=device))
             returns += np.where(running, rewards, 0.0)
             lengths += running
             running &= ~(terminated | truncated)

@@ -69,6 +69,7 @@ class Run:
         self.best_score: float | None = None
         self.last_eval: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self.extra_evals: dict[str, dict[str, float]] = {}
         self.last_checkpoint_step: int | None = None
         self._pending: list[tuple[int, dict[str, torch.Tensor]]] = []
         self._restored_state: dict | None = None
@@ -80,6 +81,7 @@ class Run:
             self.best_score = self._restored_state.get("best_score")
             self.last_eval = json.loads(self._restored_state.get("last_eval", "{}"))
             self.last_metrics = json.loads(self._restored_state.get("last_metrics", "{}"))
+            self.extra_evals = json.loads(self._restored_state.get("extra_evals", "{}"))
             wandb_id = self._restored_state.get("wandb_id")
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
@@ -183,11 +185,18 @@ class Run:
         self.logger.log(step, values)
 
     def evaluate(self, step: int, policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict,
-                 force: bool = False) -> dict[str, float] | None:
+                 force: bool = False, prefix: str | None = None) -> dict[str, float] | None:
+        """Evaluate every eval.every steps and at the end. With `prefix` (e.g. a second conditioning
+        target) the results are logged under that prefix and are not the run's score."""
         if not (force or self._due(step, self.cfg.eval.every)):
             return None
         result = evaluate(policy, metadata, self.cfg.eval.episodes, self.cfg.seed + self.cfg.eval.seed_offset, self.device)
         summary = result.summary()
+        if prefix is not None:
+            summary = {k.replace("eval/", f"{prefix}/", 1): v for k, v in summary.items()}
+            self.extra_evals[prefix] = summary
+            self.logger.log(step, summary)
+            return summary
         score = summary.get("eval/normalized_score", summary["eval/return_mean"])
         self.best_score = score if self.best_score is None else max(self.best_score, score)
         summary["eval/best_score"] = self.best_score
@@ -207,7 +216,7 @@ class Run:
             "step": step, "algo": self.algo, "config": json.dumps(self.config, default=str),
             "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
-            "last_metrics": json.dumps(self.last_metrics),
+            "last_metrics": json.dumps(self.last_metrics), "extra_evals": json.dumps(self.extra_evals),
             "wandb_id": self.logger.wandb_id,
         })
         self.last_checkpoint_step = step
@@ -217,7 +226,8 @@ class Run:
         self.progress.close()
         final = {
             "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.cfg.steps,
-            "run_dir": str(self.dir), **self.last_eval, **{f"train/{k}": v for k, v in self.last_metrics.items()},
+            "run_dir": str(self.dir), **self.last_eval, **{k: v for e in self.extra_evals.values() for k, v in e.items()},
+            **{f"train/{k}": v for k, v in self.last_metrics.items()},
             "wall_seconds": time.perf_counter() - self.start_time, **(extra or {}),
         }
         (self.dir / "final.json").write_text(json.dumps(final, indent=2))

@@ -1,0 +1,235 @@
+"""Decision Transformer: "Reinforcement Learning via Sequence Modeling" (Chen et al., NeurIPS 2021).
+
+A causal transformer over the last K steps' (return-to-go, state, action) tokens predicts each
+action from its state token; at evaluation it is conditioned on a target return, decremented by
+each reward received.
+
+    tokens  = (R_1, s_1, a_1, ..., R_K, s_K, a_K),  each modality its own linear embedding, plus a learned
+              timestep embedding, then LayerNorm
+    a_hat_t = tanh(W h(s_t))                          (h: the transformer output at s_t's token)
+    L       = mean over unpadded t of ||a_hat_t - a_t||^2    (in the unit action box [-1, 1])
+
+Defaults (FACTS.md section 6, official code): 3 layers, 1 head, width 128, context K = 20, dropout 0.1,
+ReLU MLPs of width 4*128, AdamW lr 1e-4 with weight decay 1e-4, linear warm-up over 10k steps,
+grad-norm clip 0.25, batch 64, 100k steps, returns-to-go undiscounted and divided by 1000, states
+normalized with std + 1e-6, 100 evaluation episodes. Evaluation runs two targets: the expert level
+(the dataset's ref_max_score, or --target-return) and half of it; the first is the run's score.
+
+Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and MLP blocks with residual
+dropout, final LayerNorm) instead of HuggingFace GPT-2; padding is masked out of attention, not only
+of the loss; the loss is taken in the unit action box (identical for [-1, 1] boxes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from offrl.config import DataConfig, EvalConfig, TrainConfig
+from offrl.data import TrainingData, load_for_training
+from offrl.data.sequences import Segments, SequenceBuffer
+from offrl.run import Run, cli_main
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = 100_000
+    """Gradient steps."""
+    batch_size: int = 64
+    """Segments per gradient step."""
+    context: int = 20
+    """K: timesteps per segment (3K tokens)."""
+    embed_dim: int = 128
+    """Transformer width."""
+    layers: int = 3
+    """Transformer blocks."""
+    heads: int = 1
+    """Attention heads."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention and residuals."""
+    max_timestep: int = 1000
+    """Size of the timestep embedding (later steps use the last entry)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay (not on biases, LayerNorms and embeddings' positions)."""
+    warmup_steps: int = 10_000
+    """Linear learning-rate warm-up."""
+    grad_clip: float = 0.25
+    """Gradient-norm clip."""
+    rtg_scale: float = 1000.0
+    """Returns-to-go are divided by this."""
+    target_return: Optional[float] = None
+    """Expert-level conditioning return (default: the dataset's ref_max_score); half of it is evaluated too."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=100))
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.ReLU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+        self.heads, self.dropout = heads, dropout
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                  dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.resid_drop(self.proj(attended.transpose(1, 2).reshape(B, T, D)))
+        return x + self.mlp(self.ln2(x))
+
+
+class DecisionTransformer(nn.Module):
+    def __init__(self, obs_dim: int, act_dim: int, cfg: Config):
+        super().__init__()
+        d = cfg.embed_dim
+        self.embed_timestep = nn.Embedding(cfg.max_timestep, d)
+        self.embed_return, self.embed_state, self.embed_action = nn.Linear(1, d), nn.Linear(obs_dim, d), nn.Linear(act_dim, d)
+        self.embed_ln, self.embed_drop = nn.LayerNorm(d), nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(d, cfg.heads, cfg.dropout) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.predict_action = nn.Sequential(nn.Linear(d, act_dim), nn.Tanh())
+        self.max_timestep = cfg.max_timestep
+
+    def forward(self, returns_to_go: torch.Tensor, states: torch.Tensor, actions: torch.Tensor,
+                timesteps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Unit-box action predictions [B, K, act_dim] from the state tokens."""
+        B, K = timesteps.shape
+        time = self.embed_timestep(timesteps.clamp(max=self.max_timestep - 1))
+        tokens = torch.stack([self.embed_return(returns_to_go) + time, self.embed_state(states) + time,
+                              self.embed_action(actions) + time], dim=2).reshape(B, 3 * K, -1)
+        x = self.embed_drop(self.embed_ln(tokens))
+        token_mask = mask.repeat_interleave(3, dim=1)  # [B, 3K]
+        causal = torch.ones(3 * K, 3 * K, dtype=torch.bool, device=x.device).tril()
+        # Query i attends to key j when j <= i and j is not padding; a padded query attends to itself
+        # so its (unused) row stays finite.
+        attn_mask = (causal & token_mask.unsqueeze(1)) | torch.eye(3 * K, dtype=torch.bool, device=x.device)
+        attn_mask = attn_mask.unsqueeze(1)  # [B, 1, 3K, 3K], broadcast over heads
+        for block in self.blocks:
+            x = block(x, attn_mask)
+        x = self.ln_f(x).reshape(B, K, 3, -1)
+        return self.predict_action(x[:, :, 1])
+
+
+def dt_loss(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over unpadded positions only (mean over positions and action dims)."""
+    squared = ((predicted - target) ** 2).mean(-1)
+    return (squared * mask).sum() / mask.sum().clamp(min=1)
+
+
+class DT:
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        self.model = DecisionTransformer(data.obs_dim, data.act_dim, cfg).to(device)
+        self.normalizer = data.preprocessing.state_normalizer(device)
+        low, high = (torch.as_tensor(x, device=device) for x in (data.action_low, data.action_high))
+        self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (no_decay if name.endswith("bias") or "ln" in name or "embed_timestep" in name else decay).append(param)
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
+        self._loss = torch.compile(self.loss) if cfg.run.compile else self.loss
+
+    def loss(self, batch: Segments) -> torch.Tensor:
+        unit_actions = ((batch.actions - self.action_bias) / self.action_scale).masked_fill(~batch.mask.unsqueeze(-1), 0.0)
+        predicted = self.model(batch.returns_to_go, batch.states, unit_actions, batch.timesteps, batch.mask)
+        return dt_loss(predicted, unit_actions, batch.mask)
+
+    def update(self, batch: Segments) -> dict[str, torch.Tensor]:
+        self.model.train()
+        loss = self._loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.schedule.step()
+        return {"action_loss": loss.detach(), "grad_norm": grad_norm}
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(), "normalizer": self.normalizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("model", "optimizer", "schedule", "normalizer"):
+            getattr(self, name).load_state_dict(state[name])
+
+
+class ReturnConditionedActor:
+    """Evaluation-time DT: per-env context windows of the last K steps, all envs in one forward.
+
+    Envs step in lockstep, so every window has the same length; finished envs keep being fed (their
+    actions are ignored by the evaluator)."""
+
+    def __init__(self, agent: DT, target_return: float):
+        self.agent, self.target = agent, target_return / agent.cfg.rtg_scale
+        self.K = agent.cfg.context
+
+    def reset(self, n: int) -> None:
+        self.states, self.actions, self.rtg = [], [], []
+        self.next_rtg = torch.full((n, 1), self.target, device=self.agent.action_bias.device)
+
+    def __call__(self, obs: torch.Tensor) -> torch.Tensor:
+        model, n = self.agent.model, obs.shape[0]
+        model.eval()
+        self.states.append(self.agent.normalizer(obs))
+        self.rtg.append(self.next_rtg)
+        self.actions.append(torch.zeros(n, self.agent.action_scale.numel(), device=obs.device))
+        states = torch.stack(self.states[-self.K:], 1)
+        actions = torch.stack(self.actions[-self.K:], 1)
+        rtg = torch.stack(self.rtg[-self.K:], 1)
+        t = len(self.states)
+        timesteps = torch.arange(max(t - self.K, 0), t, device=obs.device).expand(n, -1)
+        mask = torch.ones(timesteps.shape, dtype=torch.bool, device=obs.device)
+        with torch.no_grad():
+            unit = model(rtg, states, actions, timesteps, mask)[:, -1]
+        self.actions[-1] = unit
+        return unit * self.agent.action_scale + self.agent.action_bias
+
+    def observe(self, rewards: torch.Tensor) -> None:
+        self.next_rtg = self.rtg[-1] - rewards.unsqueeze(-1) / self.agent.cfg.rtg_scale
+
+
+Agent = DT
+
+
+def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
+    """One training step as `train` runs it (for benchmarks/speed.py)."""
+    agent = DT(cfg, data, device)
+    buffer = SequenceBuffer(data.dataset, cfg.context, device, rtg_scale=cfg.rtg_scale, max_timestep=cfg.max_timestep)
+    return lambda: agent.update(buffer.sample(cfg.batch_size))
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    run = Run("dt", cfg, data)
+    target = cfg.target_return if cfg.target_return is not None else data.metadata.get("ref_max_score")
+    if target is None:
+        from offrl.errors import OffrlError
+
+        raise OffrlError("the dataset has no ref_max_score: pass --target-return")
+    buffer = SequenceBuffer(data.dataset, cfg.context, run.device, seed=cfg.seed, rtg_scale=cfg.rtg_scale,
+                            max_timestep=cfg.max_timestep)
+    agent = DT(cfg, data, run.device)
+    state = {"agent": agent, "buffer": buffer}
+    for step in run.steps(state):
+        metrics = agent.update(buffer.sample(cfg.batch_size))
+        run.log(step, metrics)
+        run.evaluate(step, ReturnConditionedActor(agent, target), data.metadata)
+        run.evaluate(step, ReturnConditionedActor(agent, target / 2), data.metadata, prefix="eval_half_target")
+        run.checkpoint(step, state)
+    return run.finish({"target_return": target})
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)

@@ -1,0 +1,133 @@
+"""Decision Transformer and RCSL: causal masking, returns-to-go, padding, conditioning, CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from algos.dt import Config as DTConfig, DecisionTransformer, dt_loss
+from algos.rcsl import Config as RCSLConfig, RCSLPolicy
+from offrl.data.dataset import Dataset
+from offrl.data.preprocess import StateNormalizer
+from offrl.data.sequences import SequenceBuffer, episode_timesteps, returns_to_go
+
+from conftest import PYTHON, run_cli
+
+
+def three_episodes():
+    """Episodes of lengths 3 (terminated), 4 (truncated by a time limit), 2 (cut at the end of the data)."""
+    rewards = np.array([1, 2, 3, 10, 20, 30, 40, 5, 6], np.float32)
+    n = len(rewards)
+    terminals = np.zeros(n, np.float32)
+    terminals[2] = 1
+    timeouts = np.zeros(n, np.float32)
+    timeouts[[6, 8]] = 1
+    obs = np.arange(n, dtype=np.float32)[:, None].repeat(2, 1)
+    return Dataset(obs, np.full((n, 1), 0.5, np.float32), rewards, obs + 1, terminals, timeouts,
+                   np.array([0, 3, 7]), {"name": "three"}).validate()
+
+
+def test_returns_to_go_and_timesteps_per_episode():
+    ds = three_episodes()
+    assert returns_to_go(ds).tolist() == [6, 5, 3, 100, 90, 70, 40, 11, 6]
+    assert episode_timesteps(ds).tolist() == [0, 1, 2, 0, 1, 2, 3, 0, 1]
+    np.testing.assert_allclose(returns_to_go(ds, gamma=0.5)[3:7], [10 + 10 + 7.5 + 5, 20 + 15 + 10, 30 + 20, 40])
+
+
+def test_segments_are_left_padded_and_never_cross_episodes():
+    ds = three_episodes()
+    buffer = SequenceBuffer(ds, context=3, rtg_scale=10.0)
+    seg = buffer.segments(torch.tensor([4, 6, 0]))
+    # row 4: rows 4, 5, 6 (episode 2 ends at 7) -> full
+    assert seg.states[0, :, 0].tolist() == [4, 5, 6] and seg.mask[0].tolist() == [True, True, True]
+    # row 6: only row 6 is left in its episode -> two pads on the left
+    assert seg.mask[1].tolist() == [False, False, True]
+    assert seg.states[1, :, 0].tolist() == [0, 0, 6]
+    assert seg.actions[1, :2, 0].tolist() == [-10, -10]
+    assert seg.returns_to_go[1, :, 0].tolist() == [0, 0, 4.0]
+    assert seg.timesteps[1].tolist() == [0, 0, 3]
+    assert seg.timesteps[0].tolist() == [1, 2, 3]
+    for batch in (buffer.sample(64) for _ in range(5)):  # sampled segments stay inside one episode
+        for states, mask in zip(batch.states[..., 0], batch.mask):
+            rows = states[mask].long().tolist()
+            episode = np.searchsorted([0, 3, 7], rows, side="right")
+            assert len(set(episode)) == 1 and rows == list(range(rows[0], rows[0] + len(rows)))
+
+
+def small_dt(K=5):
+    torch.manual_seed(0)
+    cfg = DTConfig(context=K, embed_dim=32, layers=2, heads=2, dropout=0.0, max_timestep=50)
+    return DecisionTransformer(3, 2, cfg).eval(), K
+
+
+def random_inputs(B, K):
+    return (torch.randn(B, K, 1), torch.randn(B, K, 3), torch.randn(B, K, 2).tanh(),
+            torch.arange(K).expand(B, K).clone(), torch.ones(B, K, dtype=torch.bool))
+
+
+def test_dt_is_causal():
+    model, K = small_dt()
+    rtg, states, actions, steps, mask = random_inputs(4, K)
+    base = model(rtg, states, actions, steps, mask)
+    t = 2
+    changed = [x.clone() for x in (rtg, states, actions)]
+    for x in changed:
+        x[:, t + 1:] = torch.randn_like(x[:, t + 1:]) * 5
+    changed[2][:, t] = -changed[2][:, t]  # the action at t itself is not an input to its prediction
+    out = model(*changed, steps, mask)
+    torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1])
+    assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
+
+
+def test_padded_positions_do_not_contribute_to_the_loss():
+    predicted = torch.tensor([[[0.5], [9.0], [0.1]]], requires_grad=True)
+    target = torch.tensor([[[0.0], [-9.0], [0.1]]])
+    mask = torch.tensor([[True, False, True]])
+    loss = dt_loss(predicted, target, mask)
+    assert loss.item() == pytest.approx(0.25 / 2)
+    loss.backward()
+    assert predicted.grad[0, 1].item() == 0.0
+    # in the model: what sits in padded slots changes nothing at unpadded ones
+    model, K = small_dt()
+    rtg, states, actions, steps, mask = random_inputs(2, K)
+    mask[:, :2] = False
+    base = model(rtg, states, actions, steps, mask)
+    for x in (rtg, states, actions):
+        x[:, :2] = torch.randn_like(x[:, :2]) * 7
+    torch.testing.assert_close(model(rtg, states, actions, steps, mask)[:, 2:], base[:, 2:])
+
+
+def test_rcsl_target_return_is_decremented_by_the_rewards_received():
+    for conditioning in ("rtg", "average"):
+        cfg = RCSLConfig(hidden=(8,), conditioning=conditioning, rtg_scale=100.0)
+        policy = RCSLPolicy(3, 1, cfg, horizon=10, normalizer=StateNormalizer(None, None), action_low=[-1.0],
+                            action_high=[1.0])
+        actor = policy.actor(target_return=50.0)
+        actor.reset(2)
+        actor(torch.zeros(2, 3))
+        actor.observe(torch.tensor([5.0, 20.0]))
+        actor.observe(torch.tensor([1.0, 1.0]))
+        torch.testing.assert_close(actor.return_to_go, torch.tensor([44.0, 29.0]))
+        expected = torch.tensor([44.0, 29.0]) / (100.0 if conditioning == "rtg" else 10 - 2)
+        torch.testing.assert_close(policy.condition(actor.return_to_go, actor.timestep), expected)
+
+
+@pytest.mark.parametrize("algo, extra", [
+    ("dt", ["--context", "5", "--embed-dim", "32", "--batch-size", "8", "--warmup-steps", "10", "--eval.episodes", "3"]),
+    ("rcsl", ["--hidden", "32", "--holdout-every", "40", "--eval-targets", "200", "100", "--eval.episodes", "2"]),
+    ("rcsl", ["--hidden", "32", "--holdout-every", "40", "--conditioning", "average", "--head", "gaussian",
+              "--eval.episodes", "2"]),
+])
+def test_cli_smoke(tiny, tmp_path, algo, extra):
+    result = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "120", "--log.every", "40", "--log.wandb", "disabled",
+                     *extra, "--run.out-dir", str(tmp_path))
+    assert "final normalized score" in result.stdout
+    (run_dir,) = tmp_path.glob(f"{algo}/*/*")
+    final = json.loads((run_dir / "final.json").read_text())
+    assert np.isfinite(final["eval/normalized_score"])
+    if algo == "dt":
+        assert "eval_half_target/normalized_score" in final and final["target_return"] == 200.0
+    if "--eval-targets" in extra:
+        assert set(final["score_per_target"]) == {"200", "100"}
+        assert "target return 100: normalized score" in result.stdout
