@@ -22,6 +22,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
@@ -48,7 +49,9 @@ def bc_loss(predicted: torch.Tensor, data_actions: torch.Tensor) -> torch.Tensor
     return F.mse_loss(predicted, data_actions)
 
 
-class BC:
+class BC(Stateful):
+    STATE = ("actor", "optimizer", "normalizer")
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
@@ -68,14 +71,6 @@ class BC:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor(self.normalizer(obs))
-
-    def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "normalizer": self.normalizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "optimizer", "normalizer"):
-            getattr(self, name).load_state_dict(state[name])
 
 
 Agent = BC

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
@@ -94,7 +95,10 @@ def cql_gap(q_data: torch.Tensor, q_uniform: torch.Tensor, q_pi: torch.Tensor, q
     return pushed_down.mean(dim=1) - q_data.mean(dim=1)
 
 
-class CQL:
+class CQL(Stateful):
+    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "lagrange_opt", "normalizer")
+    VALUES = ("log_alpha", "log_lagrange", "updates")
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
         obs_dim, act_dim = data.obs_dim, data.act_dim
@@ -194,20 +198,6 @@ class CQL:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(self.normalizer(obs))
-
-    def state_dict(self) -> dict:
-        state = {name: getattr(self, name).state_dict() for name in
-                 ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "lagrange_opt", "normalizer")}
-        return {**state, "log_alpha": self.log_alpha.detach().clone(), "log_lagrange": self.log_lagrange.detach().clone(),
-                "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "lagrange_opt", "normalizer"):
-            getattr(self, name).load_state_dict(state[name])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-            self.log_lagrange.copy_(state["log_lagrange"])
-        self.updates = int(state["updates"])
 
 
 Agent = CQL

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.sequences import Segments, SequenceBuffer
@@ -126,7 +127,9 @@ def dt_loss(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -
     return (squared * mask).sum() / mask.sum().clamp(min=1)
 
 
-class DT:
+class DT(Stateful):
+    STATE = ("model", "optimizer", "schedule", "normalizer")
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
         self.model = DecisionTransformer(data.obs_dim, data.act_dim, cfg).to(device)
@@ -155,14 +158,6 @@ class DT:
         self.optimizer.step()
         self.schedule.step()
         return {"action_loss": loss.detach(), "grad_norm": grad_norm}
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(), "normalizer": self.normalizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("model", "optimizer", "schedule", "normalizer"):
-            getattr(self, name).load_state_dict(state[name])
 
 
 class ReturnConditionedActor:

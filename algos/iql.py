@@ -37,6 +37,7 @@ from typing import Literal, Optional
 
 import torch
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
@@ -88,7 +89,9 @@ class Config(TrainConfig):
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
 
 
-class IQL:
+class IQL(Stateful):
+    STATE = ("actor", "value", "critic", "critic_target", "value_opt", "actor_critic_opt", "actor_schedule", "normalizer")
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
         obs_dim, act_dim = data.obs_dim, data.act_dim
@@ -185,15 +188,6 @@ class IQL:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(self.normalizer(obs))
-
-    STATE = ("actor", "value", "critic", "critic_target", "value_opt", "actor_critic_opt", "actor_schedule", "normalizer")
-
-    def state_dict(self) -> dict:
-        return {name: getattr(self, name).state_dict() for name in self.STATE}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in self.STATE:
-            getattr(self, name).load_state_dict(state[name])
 
 
 Agent = IQL

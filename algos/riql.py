@@ -37,6 +37,7 @@ from typing import Literal
 
 import torch
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import awr_weights, ensemble_quantile, expectile_loss, huber_loss
@@ -95,7 +96,9 @@ def edac_init(critic: EnsembleCritic) -> None:
         layers[-1].bias.uniform_(-3e-3, 3e-3)
 
 
-class RIQL:
+class RIQL(Stateful):
+    STATE = ("actor", "value", "critic", "critic_target", "optimizer", "schedule", "normalizer")
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
         obs_dim, act_dim = data.obs_dim, data.act_dim
@@ -158,15 +161,6 @@ class RIQL:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(self.normalizer(obs))
-
-    STATE = ("actor", "value", "critic", "critic_target", "optimizer", "schedule", "normalizer")
-
-    def state_dict(self) -> dict:
-        return {name: getattr(self, name).state_dict() for name in self.STATE}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in self.STATE:
-            getattr(self, name).load_state_dict(state[name])
 
 
 Agent = RIQL

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from offrl import policies
+from offrl.checkpoint import Stateful
 from offrl.config import EvalConfig, RunConfig, RunConfigBase
 from offrl.data import Batch, ReplayBuffer, Spaces
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
@@ -76,7 +77,10 @@ class Config(RunConfigBase):
     run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=50_000))
 
 
-class SAC:
+class SAC(Stateful):
+    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+    VALUES = ("log_alpha",)
+
     def __init__(self, cfg: Config, spaces: Spaces, device: torch.device):
         self.cfg = cfg
         obs_dim, act_dim = spaces.obs_dim, spaces.act_dim
@@ -127,18 +131,6 @@ class SAC:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.act(obs)
-
-    def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
-                "critic_target": self.critic_target.state_dict(), "log_alpha": self.log_alpha.detach().clone(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "alpha_opt": self.alpha_opt.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt"):
-            getattr(self, name).load_state_dict(state[name])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
 
 
 Agent = SAC

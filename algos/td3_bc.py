@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
@@ -70,7 +71,10 @@ def actor_loss(q_pi: torch.Tensor, pi: torch.Tensor, data_actions: torch.Tensor,
     return -lam * q_pi.mean() + F.mse_loss(pi, data_actions), lam
 
 
-class TD3BC:
+class TD3BC(Stateful):
+    STATE = ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer")
+    VALUES = ("updates",)
+
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
         self.normalizer = data.preprocessing.state_normalizer(device)
@@ -121,17 +125,6 @@ class TD3BC:
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor(self.normalizer(obs))
-
-    def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
-                "actor_target": self.actor_target.state_dict(), "critic_target": self.critic_target.state_dict(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "normalizer": self.normalizer.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer"):
-            getattr(self, name).load_state_dict(state[name])
-        self.updates = int(state["updates"])
 
 
 Agent = TD3BC

@@ -59,3 +59,30 @@ def load_state_dicts(objects: dict[str, Any], states: dict[str, Any], source: st
             first_line = str(exc).strip().splitlines()[0]
             raise CheckpointError(f"checkpoint {source}: state of '{name}' does not fit this config: {first_line}") from None
 
+
+
+class Stateful:
+    """`state_dict` / `load_state_dict` for an agent: the attributes named in STATE (modules,
+    optimizers, schedulers: anything with state_dict) and in VALUES (tensors, restored in place, and
+    plain numbers such as update counters)."""
+
+    STATE: tuple[str, ...] = ()
+    VALUES: tuple[str, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: getattr(self, name).state_dict() for name in self.STATE}
+        for name in self.VALUES:
+            value = getattr(self, name)
+            state[name] = value.detach().clone() if torch.is_tensor(value) else value
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.STATE:
+            getattr(self, name).load_state_dict(state[name])
+        for name in self.VALUES:
+            current = getattr(self, name)
+            if torch.is_tensor(current):
+                with torch.no_grad():
+                    current.copy_(state[name])
+            else:
+                setattr(self, name, type(current)(state[name]))
