@@ -38,28 +38,32 @@ def bootstrap_ci(values: np.ndarray, statistic=iqm, draws: int = 2000, seed: int
     return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
 
 
-def read_run(run_dir: Path) -> dict | None:
+def read_run(run_dir: Path, metric: str = "eval/normalized_score") -> dict | None:
     final_path = run_dir / "final.json"
     if not final_path.exists():
         return None
     final = json.loads(final_path.read_text())
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if "eval/normalized_score" in line]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r[metric] for r in rows if metric in r]
     config = json.loads((run_dir / "config.json").read_text())
     env = json.loads((run_dir / "environment.json").read_text())
-    return {"final": final.get("eval/normalized_score"), "best": max((e["eval/normalized_score"] for e in evals), default=None),
+    return {"final": final.get(metric), "best": max(evals, default=final.get(metric)), "metric": metric,
             "seed": final["seed"], "steps": final["steps"], "episodes": config["eval"]["episodes"],
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": final.get("wall_seconds")}
 
 
-def collect(root: Path) -> dict[tuple[str, str], list[dict]]:
-    """{(variant label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/."""
+def collect(root: Path, metrics: list[str] | None = None) -> dict[tuple[str, str], list[dict]]:
+    """{(row label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/; with
+    several metrics (e.g. RCSL's per-target scores) each gets its own row, labelled 'variant [metric]'."""
+    metrics = metrics or ["eval/normalized_score"]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for final in sorted(root.glob("*/*/*/*/final.json")):
-        run = read_run(final.parent)
-        if run is not None and run["final"] is not None:
-            label = final.parent.relative_to(root).parts[0]
-            groups[(label, run["dataset"])].append(run)
+        label = final.parent.relative_to(root).parts[0]
+        for metric in metrics:
+            run = read_run(final.parent, metric)
+            if run is not None and run["final"] is not None:
+                row = label if len(metrics) == 1 else f"{label} [{metric.removesuffix('/normalized_score')}]"
+                groups[(row, run["dataset"])].append(run)
     return groups
 
 
@@ -100,8 +104,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--title", default="Results")
     parser.add_argument("--command", default=None, help="the sweep command, quoted in the caption")
+    parser.add_argument("--metric", action="append", default=None,
+                        help="final.json key to report (repeatable; default eval/normalized_score)")
     args = parser.parse_args(argv)
-    text = render(collect(args.root), args.title, args.command)
+    text = render(collect(args.root, args.metric), args.title, args.command)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

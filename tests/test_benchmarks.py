@@ -44,3 +44,7 @@ def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
     assert len(rows) == 2 and all("| 2 |" in r for r in rows)
     assert "Seeds [0, 1]; 60 gradient steps; each evaluation 2 episodes" in text
     assert (tmp_path / "t.md").read_text().strip() == text.strip()
+    two = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--metric", "eval/normalized_score",
+                  "--metric", "eval/return_mean").stdout
+    assert sum(line.startswith("| bc [eval] |") or line.startswith("| bc [eval/return_mean] |")
+               for line in two.splitlines()) == 2
