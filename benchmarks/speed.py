@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--per-block", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions; medians are reported")
     parser.add_argument("--compile", action="store_true", help="time the torch.compile path")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file (results/)")
@@ -136,16 +137,27 @@ def main(argv: list[str] | None = None) -> dict:
               "compile": args.compile, "runs": []}
     for threads in args.threads or [torch.get_num_threads()]:
         torch.set_num_threads(threads)
-        before = matmul_gflops(device)
-        results = [time_algorithm(a, device, args.warmup, args.blocks, args.per_block, args.batch_size, args.compile)
-                   for a in args.algos]
-        after = matmul_gflops(device)
-        peak = max(before, after)
-        for r in results:
+        # Rounds interleave the algorithms and the matmul reference, so drifts in the machine's speed
+        # (2-thread runs here vary by up to 20%) hit all of them alike; medians over rounds are reported.
+        matmul, per_algo = [], {a: [] for a in args.algos}
+        for _ in range(args.rounds):
+            matmul.append(matmul_gflops(device))
+            for algo in args.algos:
+                per_algo[algo].append(time_algorithm(algo, device, args.warmup, args.blocks, args.per_block,
+                                                     args.batch_size, args.compile))
+        matmul.append(matmul_gflops(device))
+        peak = statistics.median(matmul)
+        results = []
+        for algo, rounds in per_algo.items():
+            r = dict(rounds[0])
+            r["median_ms"] = statistics.median(x["median_ms"] for x in rounds)
+            r["round_ms"] = [x["median_ms"] for x in rounds]
+            r["update_gflops"] = r["gflop_per_update"] / (r["median_ms"] / 1000)
             r["matmul_gflops"] = peak
             r["fraction_of_matmul"] = r["update_gflops"] / peak
-        report["runs"].append({"threads": threads, "matmul_gflops_before": before, "matmul_gflops_after": after,
-                               "results": results})
+            results.append(r)
+        report["runs"].append({"threads": threads, "rounds": args.rounds, "matmul_gflops_before": matmul[0],
+                               "matmul_gflops_after": matmul[-1], "matmul_gflops_median": peak, "results": results})
         if not args.json:
             print(format_run(report, report["runs"][-1]), flush=True)
     if args.json:
@@ -157,8 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def format_run(report: dict, run: dict) -> str:
     lines = [f"device {report['device']}, {run['threads']} threads, torch {report['torch']}"
-             f"{', compiled' if report['compile'] else ''}; float32 matmul {run['matmul_gflops_before']:.0f} / "
-             f"{run['matmul_gflops_after']:.0f} GFLOP/s (before / after)",
+             f"{', compiled' if report['compile'] else ''}, {run['rounds']} round(s); float32 matmul median "
+             f"{run['matmul_gflops_median']:.0f} GFLOP/s (first {run['matmul_gflops_before']:.0f}, last "
+             f"{run['matmul_gflops_after']:.0f})",
              f"{'algo':10s} {'batch':>6s} {'ms/update':>10s} {'GFLOP/upd':>10s} {'GFLOP/s':>8s} {'of matmul':>10s}"]
     for r in run["results"]:
         lines.append(f"{r['algo']:10s} {r['batch_size']:6d} {r['median_ms']:10.3f} {r['gflop_per_update']:10.4f} "
@@ -172,12 +185,15 @@ def write_markdown(report: dict, path: Path, argv: list[str]) -> None:
              "Median ms per update (sample + gradient step) at each algorithm's default batch on Hopper-sized "
              "synthetic data (obs 11, act 3), after warm-up; GFLOP counted by torch's FlopCounterMode (matmuls, "
              "forward and backward); 'of matmul' = update GFLOP/s over the float32 matmul GFLOP/s (2048^3) measured "
-             "in the same run at the same thread count. 2-thread runs vary by up to about 10% run to run.", "",
-             "| threads | algo | batch | ms/update | GFLOP/update | GFLOP/s | matmul GFLOP/s | of matmul |",
-             "|---|---|---|---|---|---|---|---|"]
+             "in the same run at the same thread count. With several rounds, algorithms and the matmul reference "
+             "are measured interleaved and medians over rounds are reported (single 2-thread measurements on this "
+             "machine vary by up to 20%).", "",
+             "| threads | algo | batch | ms/update (median) | ms per round | GFLOP/update | GFLOP/s | matmul GFLOP/s | of matmul |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         for r in run["results"]:
-            lines.append(f"| {run['threads']} | {r['algo']} | {r['batch_size']} | {r['median_ms']:.2f} | "
+            rounds = ", ".join(f"{ms:.2f}" for ms in r["round_ms"])
+            lines.append(f"| {run['threads']} | {r['algo']} | {r['batch_size']} | {r['median_ms']:.2f} | {rounds} | "
                          f"{r['gflop_per_update']:.3f} | {r['update_gflops']:.0f} | {r['matmul_gflops']:.0f} | "
                          f"{100 * r['fraction_of_matmul']:.1f}% |")
     path.parent.mkdir(parents=True, exist_ok=True)
