@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -88,8 +90,23 @@ class Run:
                              wandb_id=wandb_id, resumed=self.resume_from is not None)
         if data is not None:
             self._record_data(data)
+        # SIGTERM / SIGINT: finish the current step, checkpoint exactly there, exit (resume continues
+        # bit-for-bit); a session that ends, or Ctrl-C, then loses no training.
+        self.stop_signal: int | None = None
+        self._previous_handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
         self.progress = Progress(cfg.steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
 
     # ------------------------------------------------------------------------------ run folders
     @staticmethod
@@ -156,7 +173,18 @@ class Run:
             self._restored_state = None
             print(f"resumed {self.dir} at step {self.start_step}", file=sys.stderr)
         self._state = state
-        return iter(range(self.start_step + 1, self.cfg.steps + 1))
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[int]:
+        for step in range(self.start_step + 1, self.cfg.steps + 1):
+            yield step  # the loop body (update, log, evaluate, checkpoint) runs here
+            if self.stop_signal is not None:
+                self.checkpoint(step, force=True)
+                self.logger.close()
+                self._restore_signals()
+                print(f"stopped by signal {self.stop_signal} after step {step}; checkpoint saved to "
+                      f"{self.checkpoint_path}; continue with --resume latest", file=sys.stderr)
+                raise SystemExit(128 + self.stop_signal)
 
     def _due(self, step: int, every: int) -> bool:
         return step == self.cfg.steps or (every > 0 and step % every == 0)
@@ -174,6 +202,7 @@ class Run:
                     if self.last_checkpoint_step is not None else "no checkpoint was written before it")
             self.logger.log(step, row)
             self.logger.close()
+            self._restore_signals()
             raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
         row["steps_per_second"] = self.progress.steps_per_second(step)
         self.last_metrics = row
@@ -232,6 +261,7 @@ class Run:
         }
         (self.dir / "final.json").write_text(json.dumps(final, indent=2))
         self.logger.close()
+        self._restore_signals()
         score = self.last_eval.get("eval/normalized_score")
         if score is not None:
             print(f"final normalized score: {score:.1f} ± {self.last_eval['eval/normalized_score_std']:.1f} "
@@ -254,6 +284,6 @@ def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | N
     except OffrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the run's own handler is installed, or after it is restored
         print("interrupted; continue with --resume latest", file=sys.stderr)
         raise SystemExit(130) from None

@@ -41,7 +41,10 @@ def checkpoint_step(path):
         return None
 
 
-def test_killed_run_resumes_to_the_same_result(tiny, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
+    """SIGKILL: resume from the last periodic checkpoint. SIGTERM: the run checkpoints the step it was
+    on and exits; resuming continues from exactly there."""
     straight = tmp_path / "straight"
     run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(straight))
     expected_dir = only_run(straight)
@@ -57,12 +60,16 @@ def test_killed_run_resumes_to_the_same_result(tiny, tmp_path):
         if step is not None and step >= 300:
             break
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(stop)
+    code = proc.wait()
     run_dir = only_run(killed)
     assert not (run_dir / "final.json").exists(), "the run finished before it could be interrupted"
     interrupted_at = checkpoint_step(run_dir / "checkpoints" / "last.pt")
     assert interrupted_at < 1600
+    if stop == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM
+        logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert interrupted_at >= max(logged)  # the checkpoint is the step it stopped at, not an older one
 
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(killed), "--resume", "latest")
     assert f"resumed {run_dir} at step {interrupted_at}" in result.stderr
@@ -91,10 +98,14 @@ def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
 
     cfg = Config(steps=10)
     cfg.log.wandb, cfg.log.every, cfg.run.out_dir = "disabled", 1, str(tmp_path)
+    import signal as signals
+
+    before = signals.getsignal(signals.SIGINT)
     run = Run("td3_bc", cfg)
     run.log(1, {"critic_loss": torch.tensor(1.0)})
     with pytest.raises(TrainingDiverged, match=r"critic_loss became nan at step 2.*no checkpoint"):
         run.log(2, {"critic_loss": torch.tensor(float("nan")), "actor_loss": torch.tensor(0.0)})
+    assert signals.getsignal(signals.SIGINT) is before  # the run gave Ctrl-C back
 
 
 def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
