@@ -10,6 +10,6 @@ mkdir -p "$out"
 for env in "${envs[@]}"; do
   nohup python -m algos.sac --env-id "$env" --steps 1000000 --seed 0 --resume auto --run.threads 1 \
     --run.out-dir "$out" --log.wandb disabled --log.every 5000 --run.checkpoint-every 25000 \
-    > "$out/$env.log" 2>&1 &
+    >> "$out/$env.log" 2>&1 &
   echo "$env: pid $! (log $out/$env.log)"
 done
