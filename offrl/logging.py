@@ -63,7 +63,13 @@ class Logger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        (self.run_dir / "environment.json").write_text(json.dumps(environment_info(device), indent=2))
+        env_path = self.run_dir / "environment.json"
+        info = environment_info(device)
+        if resumed and env_path.exists():  # keep where the run started; record each resume's environment
+            started = json.loads(env_path.read_text())
+            started.setdefault("resumes", []).append(info)
+            info = started
+        env_path.write_text(json.dumps(info, indent=2))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._file = open(self.metrics_path, "a")
         self.wandb_run = None

@@ -73,7 +73,6 @@ class Run:
         self.last_metrics: dict[str, float] = {}
         self.extra_evals: dict[str, dict[str, float]] = {}
         self.last_checkpoint_step: int | None = None
-        self._pending: list[tuple[int, dict[str, torch.Tensor]]] = []
         self._restored_state: dict | None = None
         wandb_id = None
         if self.resume_from is not None:

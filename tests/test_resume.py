@@ -75,6 +75,8 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     assert f"resumed {run_dir} at step {interrupted_at}" in result.stderr
     assert only_run(killed) == run_dir
     assert metrics(run_dir) == metrics(expected_dir)
+    environment = json.loads((run_dir / "environment.json").read_text())
+    assert len(environment["resumes"]) == 1 and environment["packages"]["torch"]
     final, expected = (strip(json.loads((d / "final.json").read_text())) for d in (run_dir, expected_dir))
     assert final == expected
     assert "eval/normalized_score" in final and "train/critic_loss" in final
