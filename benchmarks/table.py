@@ -52,12 +52,14 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score") -> dict | Non
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": final.get("wall_seconds")}
 
 
-def collect(root: Path, metrics: list[str] | None = None) -> dict[tuple[str, str], list[dict]]:
-    """{(row label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/; with
-    several metrics (e.g. RCSL's per-target scores) each gets its own row, labelled 'variant [metric]'."""
+def collect(roots: Path | list[Path], metrics: list[str] | None = None) -> dict[tuple[str, str], list[dict]]:
+    """{(row label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/ of one or
+    more sweep folders; with several metrics (e.g. RCSL's per-target scores) each gets its own row,
+    labelled 'variant [metric]'."""
     metrics = metrics or ["eval/normalized_score"]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for final in sorted(root.glob("*/*/*/*/final.json")):
+    roots = [roots] if isinstance(roots, Path) else roots
+    for root, final in ((root, final) for root in roots for final in sorted(root.glob("*/*/*/*/final.json"))):
         label = final.parent.relative_to(root).parts[0]
         for metric in metrics:
             run = read_run(final.parent, metric)
@@ -86,28 +88,29 @@ def render(groups: dict, title: str, command: str | None) -> str:
              ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += ["| variant | dataset | seeds | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| variant | dataset | seeds | steps | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
+              "|---|---|---|---|---|---|---|---|"]
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         final = np.array([r["final"] for r in rs])
         best = np.array([r["best"] for r in rs])
         low, high = bootstrap_ci(final)
         hours = np.mean([r["wall"] for r in rs if r["wall"]]) / 3600 if any(r["wall"] for r in rs) else float("nan")
-        lines.append(f"| {label} | {dataset} | {len(rs)} | {final.mean():.1f} ± {final.std():.1f} | "
+        row_steps = "/".join(str(s) for s in sorted({r["steps"] for r in rs}))
+        lines.append(f"| {label} | {dataset} | {len(rs)} | {row_steps} | {final.mean():.1f} ± {final.std():.1f} | "
                      f"{best.mean():.1f} ± {best.std():.1f} | {iqm(final):.1f} [{low:.1f}, {high:.1f}] | {hours:.2f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("root", type=Path, help="a sweep folder: <out-dir>/<name>")
+    parser.add_argument("roots", type=Path, nargs="+", help="sweep folders: <out-dir>/<name>")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--title", default="Results")
     parser.add_argument("--command", default=None, help="the sweep command, quoted in the caption")
     parser.add_argument("--metric", action="append", default=None,
                         help="final.json key to report (repeatable; default eval/normalized_score)")
     args = parser.parse_args(argv)
-    text = render(collect(args.root, args.metric), args.title, args.command)
+    text = render(collect(args.roots, args.metric), args.title, args.command)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

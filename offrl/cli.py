@@ -154,6 +154,8 @@ def datasets_make(args) -> None:
     if any(v is not None for v in custom):
         if not all(v is not None for v in custom):
             raise OffrlError("your own dataset needs all of --env, --policy, --steps and --id")
+        if suite.exists(args.custom_id) and not args.force:  # refuse before minutes of rollouts, not after
+            raise OffrlError(f"{args.custom_id} already exists at {suite.local_path(args.custom_id)} (use --force to replace it)")
         made = suite.make_custom(args.env, args.policy, args.steps, args.seed, args.deterministic,
                                  args.ref_min_score, args.ref_max_score)
         checksum = suite.write_minari_dataset(args.custom_id, made, overwrite=args.force)
@@ -165,8 +167,8 @@ def datasets_make(args) -> None:
     ids = suite.known_ids() if args.all else [args.dataset_id]
     builder = suite.SuiteBuilder()
     for dataset_id in ids:
-        if args.all and suite.exists(dataset_id) and not args.force:
-            print(f"{dataset_id}: already made")
+        if suite.exists(dataset_id) and not args.force:
+            print(f"{dataset_id}: already made (--force makes it again)")
             continue
         result = suite.make(dataset_id, overwrite=args.force, builder=builder)
         print(f"made {result['id']}: {result['transitions']} transitions, {result['episodes']} episodes in "

@@ -81,7 +81,9 @@ def test_datasets_commands(tiny, tmp_path):
     assert run_cli("offrl", "datasets", "validate", tiny).stdout.startswith("ok:")
     again = run_cli("offrl", "datasets", "make", tiny, "--force").stdout
     assert info["checksum"] in again  # regeneration is exact
-    refused = run_cli("offrl", "datasets", "make", tiny, check=False)
+    assert "already made" in run_cli("offrl", "datasets", "make", tiny).stdout  # kept, not regenerated
+    refused = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt",
+                      "--steps", "10", "--id", tiny, check=False)  # refused before the policy is even read
     assert refused.returncode == 1 and "already exists" in refused.stderr
     unknown = run_cli("offrl", "train", "nope", check=False)
     assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
