@@ -55,6 +55,21 @@ def main(argv: list[str] | None = None) -> str:
             f"{offrl_info.get('seconds', float('nan')):.0f} | `{info['checksum']}` |")
     if not rows:
         lines.append("| (no suite datasets on this machine) | | | | | | | | | | | |")
+    lines += ["", "## Behaviour policies", "",
+              "From `offrl/assets/policies/<env>/manifest.json`, written by `python -m benchmarks.suite_policies` from "
+              "the SAC runs of `benchmarks/behaviour_policies.sh` (`algos/sac.py`, seed 0). Eval return: the "
+              "deterministic policy's mean over the run's 10 evaluation episodes at that step; sampled: actions "
+              "sampled as in the data, mean over the selection's episodes.", "",
+              "| env | last SAC snapshot (env steps) | expert snapshot | expert eval return | expert sampled return "
+              "| medium snapshot | medium sampled return | medium / expert |",
+              "|---|---|---|---|---|---|---|---|"]
+    for manifest in suite.manifests().values():
+        expert, medium = manifest["expert"], manifest["medium"]
+        trained = manifest.get("last_snapshot_step")
+        lines.append(
+            f"| {manifest['env_id']} | {'-' if trained is None else f'{trained:,}'} | {expert['step']:,} | "
+            f"{expert['eval_return']:.0f} | {expert['sampled_return']:.0f} ({manifest['selection']['episodes']} ep.) | "
+            f"{medium['step']:,} | {medium['sampled_return']:.0f} | {medium['sampled_return'] / expert['sampled_return']:.2f} |")
     lines += ["", "Descriptions:", ""]
     for dataset_id, info, _, _ in rows:
         lines.append(f"- `{dataset_id}`: {info['description']}")

@@ -66,7 +66,7 @@ def select(run_dir: Path, episodes: int = 20, expert_candidates: int = 5, max_me
     return {
         "format": "offrl-suite-policies-v1", "env_id": env_id,
         "learning_starts": config["learning_starts"], "actor_every": config["actor_every"],
-        "dataset_size": 1_000_000,
+        "dataset_size": 1_000_000, "last_snapshot_step": max(s["step"] for s in snapshots),
         "expert": {"file": "expert.pt", "step": expert["step"], "eval_return": expert["eval_return"],
                    "sampled_return": expert["sampled_return"], "source_file": expert["file"]},
         "medium": {"file": medium["file"], "step": medium["step"], "eval_return": medium["eval_return"],
