@@ -59,17 +59,19 @@ def main(argv: list[str] | None = None) -> str:
               "From `offrl/assets/policies/<env>/manifest.json`, written by `python -m benchmarks.suite_policies` from "
               "the SAC runs of `benchmarks/behaviour_policies.sh` (`algos/sac.py`, seed 0). Eval return: the "
               "deterministic policy's mean over the run's 10 evaluation episodes at that step; sampled: actions "
-              "sampled as in the data, mean over the selection's episodes.", "",
+              "sampled as in the data, mean over the selection's episodes (20 by default).", "",
               "| env | last SAC snapshot (env steps) | expert snapshot | expert eval return | expert sampled return "
               "| medium snapshot | medium sampled return | medium / expert |",
               "|---|---|---|---|---|---|---|---|"]
     for manifest in suite.manifests().values():
         expert, medium = manifest["expert"], manifest["medium"]
-        trained = manifest.get("last_snapshot_step")
+        number = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731 (hand-written manifests may lack fields)
+        ratio = (medium["sampled_return"] / expert["sampled_return"]
+                 if medium.get("sampled_return") and expert.get("sampled_return") else None)
         lines.append(
-            f"| {manifest['env_id']} | {'-' if trained is None else f'{trained:,}'} | {expert['step']:,} | "
-            f"{expert['eval_return']:.0f} | {expert['sampled_return']:.0f} ({manifest['selection']['episodes']} ep.) | "
-            f"{medium['step']:,} | {medium['sampled_return']:.0f} | {medium['sampled_return'] / expert['sampled_return']:.2f} |")
+            f"| {manifest['env_id']} | {number(manifest.get('last_snapshot_step'))} | {number(expert.get('step'))} | "
+            f"{number(expert.get('eval_return'))} | {number(expert.get('sampled_return'))} | {number(medium.get('step'))} | "
+            f"{number(medium.get('sampled_return'))} | {'-' if ratio is None else f'{ratio:.2f}'} |")
     lines += ["", "Descriptions:", ""]
     for dataset_id, info, _, _ in rows:
         lines.append(f"- `{dataset_id}`: {info['description']}")

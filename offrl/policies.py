@@ -13,8 +13,10 @@ Format `offrl-actor-v1` (a dict saved with torch.save, read with weights_only=Tr
 
 from __future__ import annotations
 
+import copy
+
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +67,19 @@ class Policy:
     obs_mean: torch.Tensor | None = None
     obs_std: torch.Tensor | None = None
     device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+
+    def in_float64(self) -> "Policy":
+        """This policy computing in float64 and returning float32 actions. CPUs differ in the last bits
+        of float32 results (BLAS summation order, SIMD tanh/exp, vectorized randn), and one differing bit
+        makes a MuJoCo trajectory diverge; in float64 such differences (~1e-16) almost never survive the
+        rounding to float32, so dataset generation gives the same checksum on every machine."""
+        to64 = lambda t: None if t is None else t.double()  # noqa: E731
+        actor = copy.deepcopy(self.actor).double()
+        return replace(self, actor=actor, obs_mean=to64(self.obs_mean), obs_std=to64(self.obs_std), dtype=torch.float64)
 
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.device)
+        x = torch.as_tensor(np.asarray(obs), dtype=self.dtype, device=self.device)
         return (x - self.obs_mean) / self.obs_std if self.obs_mean is not None else x
 
     @torch.no_grad()
@@ -76,16 +88,16 @@ class Policy:
         kinds) with `generator`, so rollouts are reproducible."""
         x = self._obs(obs)
         if deterministic or self.kind == "deterministic":
-            return self.actor.act(x).cpu().numpy()
+            return self.actor.act(x).float().cpu().numpy()
         if self.kind == "tanh_gaussian":
             mean, log_std = self.actor.distribution(x)
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device)
-            return self.actor.to_env(torch.tanh(mean + log_std.exp() * noise)).cpu().numpy()
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            return self.actor.to_env(torch.tanh(mean + log_std.exp() * noise)).float().cpu().numpy()
         mean = self.actor.net(x)
         log_std = self.actor.log_std.clamp(self.actor.log_std_min, self.actor.log_std_max)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         unit = (mean + log_std.exp() * noise).clamp(-1.0, 1.0)
-        return self.actor.to_env(unit).cpu().numpy()
+        return self.actor.to_env(unit).float().cpu().numpy()
 
 
 # Training checkpoints (runs/<algo>/.../checkpoints/last.pt) whose agent has an `actor` of a known kind.

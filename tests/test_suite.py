@@ -158,3 +158,19 @@ def test_behaviour_policy_selection_picks_expert_and_earliest_medium(tmp_path, m
     suite_policies.install(manifest, tmp_path / "installed" / "pendulum")
     files = sorted(p.name for p in (tmp_path / "installed" / "pendulum").iterdir())
     assert files == ["actor_0000010.pt", "actor_0000020.pt", "actor_0000030.pt", "expert.pt", "manifest.json"]
+
+
+def test_generation_is_the_same_with_other_cpu_kernels(policy_root, tmp_path, monkeypatch):
+    """A second machine's CPU runs other SIMD kernels (or none); torch's scalar kernels stand in for it.
+    Sampled rollouts computed in float32 differ in the last bits between them; generation must not."""
+    checksums = set()
+    for capability in ("default", None):  # scalar kernels, then this machine's best (AVX2/AVX512/NEON)
+        if capability:
+            monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        else:
+            monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / f"datasets-{capability}"))
+        out = run_cli("offrl", "datasets", "make", "--env", ENV, "--policy", str(policy_root / "pendulum" / "expert.pt"),
+                      "--steps", "3000", "--id", "test/kernels-v0", "--ref-min-score", "0", "--ref-max-score", "1").stdout
+        checksums.add(out.split("checksum ")[1].split()[0])
+    assert len(checksums) == 1

@@ -35,7 +35,9 @@ def uniform_policy(action_space: gym.spaces.Box, seed: int) -> PolicyFn:
 
 
 def sampled_policy(policy: Policy, seed: int, deterministic: bool = False) -> PolicyFn:
-    """A policy file's actor, sampling with its own seeded generator (or its mode)."""
+    """A policy file's actor, sampling with its own seeded generator (or its mode), computing in float64
+    so that the actions, and so the data, are the same on every CPU (`Policy.in_float64`)."""
+    policy = policy.in_float64()
     generator = torch.Generator(device=policy.device).manual_seed(seed)
 
     def act(obs: np.ndarray, step: int) -> np.ndarray:
