@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    if rows:
+        recorded = suite.record_reference_checksums()
+        print(f"{len(recorded)} reference checksums in {suite.reference_checksums_path()}")
     print(text)
     return text
 

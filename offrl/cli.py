@@ -182,12 +182,15 @@ def datasets_verify(args) -> None:
 
     ids = [args.dataset_id] if args.dataset_id else [i for i in sorted(minari.list_local_datasets())
                                                      if suite.stored_info(i).get("checksum")]
+    if not ids:
+        raise OffrlError("no offrl-made datasets on this machine to verify; name one, e.g. offrl/hopper/medium-v0")
     failed = []
     for dataset_id in ids:
         result = suite.verify(dataset_id)
         status = "ok" if result["ok"] else "MISMATCH"
-        print(f"{dataset_id}: {status} (stored {result['stored']}, regenerated {result['regenerated']}, "
-              f"{result['seconds']:.1f} s)", flush=True)
+        compared = ", ".join(f"{name} {result[name]}" for name in ("stored", "reference") if result[name])
+        print(f"{dataset_id}: {status} (regenerated {result['regenerated']}; {compared}; {result['seconds']:.1f} s)",
+              flush=True)
         if not result["ok"]:
             failed.append(dataset_id)
     if failed:

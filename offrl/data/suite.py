@@ -356,13 +356,16 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
 
 def regenerate_checksum(dataset_id: str) -> str:
     """Regenerate a dataset in a scratch folder and return the checksum it gets."""
-    info = stored_info(dataset_id)
-    if info.get("recipe") == "custom":
-        made = make_custom_from_info(info)
-    elif dataset_id == "offrl/tiny-v0":
-        made = make_tiny(seed=info.get("seed", 0), transitions=info.get("transitions", 10_000))
+    if parse_suite_id(dataset_id) and dataset_id in known_ids():
+        made = SuiteBuilder().made(dataset_id)  # needs only the committed policies, not a local copy
     else:
-        made = SuiteBuilder().made(dataset_id)
+        info = stored_info(dataset_id)
+        if info.get("recipe") == "custom":
+            made = make_custom_from_info(info)
+        elif dataset_id == "offrl/tiny-v0":
+            made = make_tiny(seed=info.get("seed", 0), transitions=info.get("transitions", 10_000))
+        else:
+            made = SuiteBuilder().made(dataset_id)
     with tempfile.TemporaryDirectory() as scratch, _minari_root(Path(scratch)):
         return write_minari_dataset(dataset_id, made)
 
@@ -375,14 +378,43 @@ def stored_info(dataset_id: str) -> dict:
     return json.loads(raw) if isinstance(raw, str) else (raw or {})
 
 
+def reference_checksums_path() -> Path:
+    return policies_root() / "checksums.json"
+
+
+def reference_checksums() -> dict[str, str]:
+    """{suite id: checksum} of the datasets made where the policies were committed, so that any other
+    machine can check that it regenerates the same data (`offrl datasets verify`)."""
+    path = reference_checksums_path()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def record_reference_checksums() -> dict[str, str]:
+    """Write the checksums of the suite datasets on this machine into the policies folder (kept for ids
+    not on this machine)."""
+    checksums = reference_checksums()
+    for dataset_id in suite_ids():
+        if exists(dataset_id):
+            checksums[dataset_id] = stored_info(dataset_id)["checksum"]
+    path = reference_checksums_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(sorted(checksums.items())), indent=2) + "\n")
+    return checksums
+
+
 def verify(dataset_id: str) -> dict:
-    """Regenerate and compare checksums with the stored one."""
-    stored = stored_info(dataset_id).get("checksum")
-    if stored is None:
+    """Regenerate a dataset and compare its checksum with the local copy's (when on this machine) and
+    with the committed reference (for suite datasets): both must match."""
+    stored = stored_info(dataset_id).get("checksum") if exists(dataset_id) else None
+    reference = reference_checksums().get(dataset_id)
+    if stored is None and reference is None:
+        if not exists(dataset_id):
+            raise DatasetError(dataset_id, "not on this machine and no reference checksum for it")
         raise DatasetError(dataset_id, "has no offrl checksum in its metadata: it was not made by offrl")
     start = time.perf_counter()
     fresh = regenerate_checksum(dataset_id)
-    return {"id": dataset_id, "stored": stored, "regenerated": fresh, "ok": stored == fresh,
+    return {"id": dataset_id, "stored": stored, "reference": reference, "regenerated": fresh,
+            "ok": all(c == fresh for c in (stored, reference) if c is not None),
             "seconds": time.perf_counter() - start}
 
 
