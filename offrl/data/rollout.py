@@ -72,6 +72,10 @@ def collect(env_spec, policy: PolicyFn, transitions: int, seed: int, num_envs: i
         next_seed += 1
     low, high = envs[0].action_space.low, envs[0].action_space.high
     collected = 0
+    threads = torch.get_num_threads()
+    # a batch of `num_envs` rows is too small for threads to pay: measured 230 us per float64 policy call
+    # at 1 thread against 1.4 ms at 2 threads beside another job
+    torch.set_num_threads(1)
     try:
         while collected < transitions:
             active = min(num_envs, transitions - collected)
@@ -88,6 +92,7 @@ def collect(env_spec, policy: PolicyFn, transitions: int, seed: int, num_envs: i
                 obs[i] = next_obs
             collected += active
     finally:
+        torch.set_num_threads(threads)
         for env in envs:
             env.close()
     for record in records:
@@ -138,6 +143,7 @@ def average_return(env_spec, policy: PolicyFn, episodes: int, seed: int) -> floa
                 running[i] = not (terminated or truncated)
             step += len(index)
     finally:
+        torch.set_num_threads(threads)
         for env in envs:
             env.close()
     return float(returns.mean())
