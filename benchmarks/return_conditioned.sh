@@ -3,7 +3,7 @@
 #  (a) DT against BC on hopper medium;
 #  (b) RCSL on hopper medium-expert, one model per seed evaluated conditioned on the expert-level and
 #      on the medium-level return.
-# DT costs ~185 ms per update at 1 thread (batch 64, results/speed.md), so on 2 CPU cores it gets 6k steps
+# DT costs ~185 ms per update at 1 thread (batch 64, results/speed.md), so on 2 CPU cores it gets 4k steps
 # with a 1k-step warm-up instead of the paper's 100k with 10k; BC gets 30k. RCSL stops early on its
 # hold-out loss, at most 20k steps. The tables state the budgets.
 #   JOBS=2 benchmarks/return_conditioned.sh [OUT_DIR]
@@ -23,7 +23,7 @@ print(f"{expert:.0f} {medium:.0f}")
 PY
 )
 
-sweep_a=(python -m benchmarks.sweep --name dt-medium --out-dir "$out" --datasets "$medium" --seeds 0 1 2 --steps 6000
+sweep_a=(python -m benchmarks.sweep --name dt-medium --out-dir "$out" --datasets "$medium" --seeds 0 1 2 --steps 4000
          --jobs "$jobs" --common "--eval.every 2000 --eval.episodes 20" --variant "dt=dt --warmup-steps 1000")
 sweep_b=(python -m benchmarks.sweep --name bc-medium --out-dir "$out" --datasets "$medium" --seeds 0 1 2 --steps 30000
          --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 20" --variant bc=bc)
