@@ -8,6 +8,7 @@
 # hold-out loss, at most 20k steps. The tables state the budgets.
 #   JOBS=2 benchmarks/return_conditioned.sh [OUT_DIR]
 set -euo pipefail
+quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-runs-bench}
 jobs=${JOBS:-2}
 medium=offrl/hopper/medium-v0
@@ -35,7 +36,7 @@ sweep_c=(python -m benchmarks.sweep --name rcsl-medium-expert --out-dir "$out" -
 "${sweep_c[@]}"
 
 python -m benchmarks.table "$out/dt-medium" "$out/bc-medium" --out results/dt-vs-bc-medium.md \
-  --title "Decision Transformer vs BC on $medium" --command "${sweep_a[*]}; ${sweep_b[*]}"
+  --title "Decision Transformer vs BC on $medium" --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"
 python -m benchmarks.table "$out/rcsl-medium-expert" --out results/rcsl-conditioning-medium-expert.md \
   --title "RCSL on $mixed: eval = conditioned on the expert return $expert_return, eval_target_$medium_return = on the medium return" \
-  --metric eval/normalized_score --metric "eval_target_$medium_return/normalized_score" --command "${sweep_c[*]}"
+  --metric eval/normalized_score --metric "eval_target_$medium_return/normalized_score" --command "$(quoted "${sweep_c[@]}")"

@@ -8,6 +8,7 @@
 # (sigma 1.0, quantile 0.5; FACTS.md 5).
 #   JOBS=2 benchmarks/value_based.sh [OUT_DIR]
 set -euo pipefail
+quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-runs-bench}
 jobs=${JOBS:-2}
 ds=offrl/hopper/medium-replay-v0
@@ -25,4 +26,4 @@ sweep_b=(python -m benchmarks.sweep --name cql-mr --out-dir "$out" --datasets "$
 
 python -m benchmarks.table "$out/value-mr" "$out/cql-mr" --out results/value-based-medium-replay.md \
   --title "BC, IQL, CQL and RIQL on $ds, clean and with 30% random next-observation corruption" \
-  --command "${sweep_a[*]}; ${sweep_b[*]}"
+  --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"
