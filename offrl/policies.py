@@ -14,7 +14,6 @@ Format `offrl-actor-v1` (a dict saved with torch.save, read with weights_only=Tr
 from __future__ import annotations
 
 import copy
-
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
