@@ -20,6 +20,11 @@ from offrl.cli import describe
 from offrl.data import load_dataset, suite
 
 
+def _number(value) -> str:
+    """A manifest number for the card, or '-' where a hand-written manifest lacks it."""
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("results/datasets.md"))
@@ -65,13 +70,12 @@ def main(argv: list[str] | None = None) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for manifest in suite.manifests().values():
         expert, medium = manifest["expert"], manifest["medium"]
-        number = lambda v: "-" if v is None else f"{v:,.0f}"  # noqa: E731 (hand-written manifests may lack fields)
         ratio = (medium["sampled_return"] / expert["sampled_return"]
                  if medium.get("sampled_return") and expert.get("sampled_return") else None)
         lines.append(
-            f"| {manifest['env_id']} | {number(manifest.get('last_snapshot_step'))} | {number(expert.get('step'))} | "
-            f"{number(expert.get('eval_return'))} | {number(expert.get('sampled_return'))} | {number(medium.get('step'))} | "
-            f"{number(medium.get('sampled_return'))} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+            f"| {manifest['env_id']} | {_number(manifest.get('last_snapshot_step'))} | {_number(expert.get('step'))} | "
+            f"{_number(expert.get('eval_return'))} | {_number(expert.get('sampled_return'))} | {_number(medium.get('step'))} | "
+            f"{_number(medium.get('sampled_return'))} | {'-' if ratio is None else f'{ratio:.2f}'} |")
     lines += ["", "Descriptions:", ""]
     for dataset_id, info, _, _ in rows:
         lines.append(f"- `{dataset_id}`: {info['description']}")

@@ -356,7 +356,7 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
 
 def regenerate_checksum(dataset_id: str) -> str:
     """Regenerate a dataset in a scratch folder and return the checksum it gets."""
-    if parse_suite_id(dataset_id) and dataset_id in known_ids():
+    if dataset_id in suite_ids():
         made = SuiteBuilder().made(dataset_id)  # needs only the committed policies, not a local copy
     else:
         info = stored_info(dataset_id)
