@@ -34,6 +34,7 @@ from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.sequences import Segments, SequenceBuffer
+from offrl.nets import MLP
 from offrl.run import Run, cli_main
 
 
@@ -98,7 +99,7 @@ class DecisionTransformer(nn.Module):
         self.embed_ln, self.embed_drop = nn.LayerNorm(d), nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(d, cfg.heads, cfg.dropout) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(d)
-        self.predict_action = nn.Sequential(nn.Linear(d, act_dim), nn.Tanh())
+        self.predict_action = MLP(nn.Linear(d, act_dim), nn.Tanh(), head_layers=2)
         self.max_timestep = cfg.max_timestep
 
     def forward(self, returns_to_go: torch.Tensor, states: torch.Tensor, actions: torch.Tensor,
@@ -218,7 +219,8 @@ def train(cfg: Config) -> dict:
     agent = DT(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
-        metrics = agent.update(buffer.sample(cfg.batch_size))
+        with run.precision():
+            metrics = agent.update(buffer.sample(cfg.batch_size))
         run.log(step, metrics)
         run.evaluate(step, ReturnConditionedActor(agent, target), data.metadata)
         run.evaluate(step, ReturnConditionedActor(agent, target / 2), data.metadata, prefix="eval_half_target")

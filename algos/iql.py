@@ -200,7 +200,8 @@ def train(cfg: Config) -> dict:
     agent = IQL(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
-        metrics = agent.update(buffer.sample(cfg.batch_size))
+        with run.precision():
+            metrics = agent.update(buffer.sample(cfg.batch_size))
         run.log(step, metrics)
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)

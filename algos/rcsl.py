@@ -232,7 +232,8 @@ def train(cfg: Config) -> dict:
     state = {"agent": agent}
     step = run.start_step
     for step in run.steps(state):
-        metrics = agent.update(cfg.batch_size)
+        with run.precision():
+            metrics = agent.update(cfg.batch_size)
         run.log(step, metrics)
         if step % cfg.holdout_every == 0:
             stop = agent.check()

@@ -173,7 +173,8 @@ def train(cfg: Config) -> dict:
     agent = RIQL(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
-        metrics = agent.update(buffer.sample(cfg.batch_size))
+        with run.precision():
+            metrics = agent.update(buffer.sample(cfg.batch_size))
         run.log(step, metrics)
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)

@@ -190,7 +190,8 @@ def train(cfg: Config) -> dict:
             loop.obs, _ = loop.env.reset()
             loop.episode_return, loop.episode_length = 0.0, 0
         if step > cfg.learning_starts:
-            metrics = agent.update(buffer.sample(cfg.batch_size))
+            with run.precision():
+                metrics = agent.update(buffer.sample(cfg.batch_size))
             run.log(step, metrics)
         run.evaluate(step, agent.act, metadata)
         if cfg.actor_every and step % cfg.actor_every == 0:

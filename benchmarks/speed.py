@@ -4,10 +4,12 @@ For each algorithm: build its agent with the default config on synthetic Hopper-
 (obs 11, act 3, 100k rows), warm up, then time blocks of (sample + update) and report the median
 ms per update, the update's FLOPs (counted by torch's FlopCounterMode: matmuls forward and
 backward), its GFLOP/s, and the ratio to the float32 matmul GFLOP/s measured in the same run
-(2048 x 2048 x 2048, before and after the algorithms; the higher is used).
+(2048 x 2048 x 2048, before and after the algorithms). `--precision bf16` times the updates under
+bfloat16 autocast (`--run.precision bf16`) against a bfloat16 matmul.
 
     python -m benchmarks.speed --algos bc td3_bc
     python -m benchmarks.speed --algos td3_bc --threads 1 --json
+    python -m benchmarks.speed --algos cql dt --threads 1 --precision bf16
 
 Each algorithm module exposes `Config` and `Agent(cfg, data, device)` with `update(batch)`, or a
 `benchmark_step(cfg, data, device)` that returns one training step as its `train` runs it.
@@ -31,6 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
+from offrl.nets import autocast
 
 DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac")
 
@@ -60,8 +63,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precision: str = "fp32") -> float:
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
     times = []
@@ -75,22 +79,27 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> flo
 
 
 def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
-                   batch_size: int | None = None, compile: bool = False) -> dict:
+                   batch_size: int | None = None, compile: bool = False, precision: str = "fp32") -> dict:
     module = importlib.import_module(f"algos.{algo}")
     cfg = module.Config()
     cfg.run.compile = compile
+    cfg.run.precision = precision
     if batch_size:
         cfg.batch_size = batch_size
     data = synthetic_data()
     torch.manual_seed(0)
     if hasattr(module, "benchmark_step"):  # algorithms that do not sample transitions (DT, RCSL)
-        step = module.benchmark_step(cfg, data, device)
+        update = module.benchmark_step(cfg, data, device)
     else:
         agent = module.Agent(cfg, data, device)
         buffer = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
 
-        def step():
+        def update():
             return agent.update(buffer.sample(cfg.batch_size))
+
+    def step():  # as the algorithms' train loops run it: inside Run.precision()
+        with autocast(device, precision):
+            return update()
 
     for _ in range(warmup):
         step()
@@ -126,6 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--per-block", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions; medians are reported")
     parser.add_argument("--compile", action="store_true", help="time the torch.compile path")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="time updates under --run.precision bf16 (bfloat16 autocast); the matmul reference "
+                             "is then a bfloat16 matmul")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file (results/)")
     args = parser.parse_args(argv)
@@ -134,18 +146,18 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     report = {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
               "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
-              "compile": args.compile, "runs": []}
+              "compile": args.compile, "precision": args.precision, "runs": []}
     for threads in args.threads or [torch.get_num_threads()]:
         torch.set_num_threads(threads)
         # Rounds interleave the algorithms and the matmul reference, so drifts in the machine's speed
         # (2-thread runs here vary by up to 20%) hit all of them alike; medians over rounds are reported.
         matmul, per_algo = [], {a: [] for a in args.algos}
         for _ in range(args.rounds):
-            matmul.append(matmul_gflops(device))
+            matmul.append(matmul_gflops(device, precision=args.precision))
             for algo in args.algos:
                 per_algo[algo].append(time_algorithm(algo, device, args.warmup, args.blocks, args.per_block,
-                                                     args.batch_size, args.compile))
-        matmul.append(matmul_gflops(device))
+                                                     args.batch_size, args.compile, args.precision))
+        matmul.append(matmul_gflops(device, precision=args.precision))
         peak = statistics.median(matmul)
         results = []
         for algo, rounds in per_algo.items():
@@ -167,9 +179,13 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+_MATMUL = {"fp32": "float32", "bf16": "bfloat16 (updates under bf16 autocast)"}
+
+
 def format_run(report: dict, run: dict) -> str:
     lines = [f"device {report['device']}, {run['threads']} threads, torch {report['torch']}"
-             f"{', compiled' if report['compile'] else ''}, {run['rounds']} round(s); float32 matmul median "
+             f"{', compiled' if report['compile'] else ''}, {run['rounds']} round(s); "
+             f"{_MATMUL[report.get('precision', 'fp32')]} matmul median "
              f"{run['matmul_gflops_median']:.0f} GFLOP/s (first {run['matmul_gflops_before']:.0f}, last "
              f"{run['matmul_gflops_after']:.0f})",
              f"{'algo':10s} {'batch':>6s} {'ms/update':>10s} {'GFLOP/upd':>10s} {'GFLOP/s':>8s} {'of matmul':>10s}"]
@@ -184,7 +200,8 @@ def write_markdown(report: dict, path: Path, argv: list[str]) -> None:
              f"Generated by `python -m benchmarks.speed {' '.join(argv)}` on {time.strftime('%Y-%m-%d')}. "
              "Median ms per update (sample + gradient step) at each algorithm's default batch on Hopper-sized "
              "synthetic data (obs 11, act 3), after warm-up; GFLOP counted by torch's FlopCounterMode (matmuls, "
-             "forward and backward); 'of matmul' = update GFLOP/s over the float32 matmul GFLOP/s (2048^3) measured "
+             f"forward and backward); 'of matmul' = update GFLOP/s over the {_MATMUL[report.get('precision', 'fp32')]} "
+             "matmul GFLOP/s (2048^3) measured "
              "in the same run at the same thread count. With several rounds, algorithms and the matmul reference "
              "are measured interleaved and medians over rounds are reported (single 2-thread measurements on this "
              "machine vary by up to 20%).", "",

@@ -3,9 +3,9 @@
 #  (a) IQL and CQL against BC;
 #  (b) with 30% random next-observation corruption (scale 1.0), how much score IQL and RIQL lose.
 # Budgets are sized for 2 CPU cores, one 1-thread run per core (ms/update at 1 thread, results/speed.md:
-# BC 1.3, IQL 7.1, RIQL 12.1, CQL 168): 30k gradient steps for BC/IQL/RIQL and 3k for CQL, far below
-# the papers' 1M; the table states them. RIQL uses its paper's hopper setting for corrupted dynamics
-# (sigma 1.0, quantile 0.5; FACTS.md 5).
+# BC 1.3, IQL 7.1, RIQL 12.1, CQL 168 in fp32, ~55 under --run.precision bf16): 30k gradient steps for
+# BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the table states them. RIQL
+# uses its paper's hopper setting for corrupted dynamics (sigma 1.0, quantile 0.5; FACTS.md 5).
 #   JOBS=2 benchmarks/value_based.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -19,11 +19,12 @@ sweep_a=(python -m benchmarks.sweep --name value-mr --out-dir "$out" --datasets 
          --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 10"
          --variant bc=bc --variant iql=iql --variant "iql-corrupt30=iql $corrupt"
          --variant "riql=riql --sigma 1.0 --quantile 0.5" --variant "riql-corrupt30=riql --sigma 1.0 --quantile 0.5 $corrupt")
-sweep_b=(python -m benchmarks.sweep --name cql-mr --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps 3000
-         --jobs "$jobs" --common "--eval.every 1000 --eval.episodes 10" --variant cql=cql)
+sweep_b=(python -m benchmarks.sweep --name cql-mr-bf16 --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps 20000
+         --jobs "$jobs" --common "--eval.every 2500 --eval.episodes 10 --run.checkpoint-every 500 --run.precision bf16"
+         --variant cql=cql)
 "${sweep_a[@]}"
 "${sweep_b[@]}"
 
-python -m benchmarks.table "$out/value-mr" "$out/cql-mr" --out results/value-based-medium-replay.md \
+python -m benchmarks.table "$out/value-mr" "$out/cql-mr-bf16" --out results/value-based-medium-replay.md \
   --title "BC, IQL, CQL and RIQL on $ds, clean and with 30% random next-observation corruption" \
   --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"

@@ -16,8 +16,43 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class MLP(nn.Sequential):
+    """`nn.Sequential` whose last `head_layers` modules (the output layer and its activation) run in
+    float32 when autocast is on (`--run.precision bf16`).
+
+    The hidden layers then compute in bfloat16, where the time goes, while the outputs the losses read
+    (Q-values, log-stds, action means, logits) keep float32 precision: a bfloat16 Q-value of 300 is only
+    resolved to 2, coarser than a TD error. State-dict keys are those of `nn.Sequential`."""
+
+    def __init__(self, *layers: nn.Module, head_layers: int = 1):
+        super().__init__(*layers)
+        self.head_start = len(layers) - head_layers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layers = list(self._modules.values())
+        for layer in layers[:self.head_start]:
+            x = layer(x)
+        if not torch.is_autocast_enabled(x.device.type):
+            for layer in layers[self.head_start:]:
+                x = layer(x)
+            return x
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            for layer in layers[self.head_start:]:
+                x = layer(x)
+        return x
+
+
+def autocast(device: torch.device, precision: str):
+    """The context `--run.precision` asks for: bfloat16 autocast (matmuls in bf16 with float32
+    accumulation, float32 weights and optimizer state) or nothing ('fp32')."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', not {precision!r}")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activation: type[nn.Module] = nn.ReLU,
-        layer_norm: bool = False, dropout: float = 0.0, output_activation: type[nn.Module] | None = None) -> nn.Sequential:
+        layer_norm: bool = False, dropout: float = 0.0, output_activation: type[nn.Module] | None = None) -> MLP:
     layers: list[nn.Module] = []
     for width in hidden:
         layers.append(nn.Linear(in_dim, width))
@@ -30,7 +65,7 @@ def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activatio
     layers.append(nn.Linear(in_dim, out_dim))
     if output_activation is not None:
         layers.append(output_activation())
-    return nn.Sequential(*layers)
+    return MLP(*layers, head_layers=2 if output_activation is not None else 1)
 
 
 class EnsembleLinear(nn.Module):
@@ -86,7 +121,7 @@ class EnsembleMLP(nn.Module):
             layers.append(activation())
             in_dim = width
         layers.append(EnsembleLinear(ensemble_size, in_dim, out_dim))
-        self.net = nn.Sequential(*layers)
+        self.net = MLP(*layers)
         self.ensemble_size = ensemble_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

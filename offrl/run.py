@@ -37,6 +37,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
+from offrl.nets import autocast
 
 # Top-level config fields that may change when a run is resumed: they do not change what is trained.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run")
@@ -160,6 +161,10 @@ class Run:
             corruption.save(data.corruption, self.dir / "corruption.npz")
 
     # ------------------------------------------------------------------------------------ loop
+    def precision(self):
+        """Context for one gradient step: bfloat16 autocast under `--run.precision bf16`, else nothing."""
+        return autocast(self.device, self.cfg.run.precision)
+
     def steps(self, state: dict[str, Any]) -> Iterator[int]:
         """Restore `state` when resuming, then yield step numbers start+1 .. cfg.steps."""
         if self._restored_state is not None:

@@ -48,3 +48,23 @@ def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
                   "--metric", "eval/return_mean").stdout
     assert sum(line.startswith("| bc [eval] |") or line.startswith("| bc [eval/return_mean] |")
                for line in two.splitlines()) == 2
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_speed_benchmark_reports_every_algorithm(precision, tmp_path, capsys):
+    """A smoke run (no timing is asserted): the report and the markdown table hold each algorithm."""
+    import torch
+
+    from benchmarks import speed
+
+    threads = torch.get_num_threads()
+    try:
+        report = speed.main(["--algos", "bc", "dt", "--warmup", "1", "--blocks", "1", "--per-block", "1",
+                             "--threads", "1", "--precision", precision, "--markdown", str(tmp_path / "speed.md")])
+    finally:
+        torch.set_num_threads(threads)
+    (run,) = report["runs"]
+    assert report["precision"] == precision and [r["algo"] for r in run["results"]] == ["bc", "dt"]
+    assert all(r["median_ms"] > 0 and r["gflop_per_update"] > 0 for r in run["results"])
+    table = (tmp_path / "speed.md").read_text()
+    assert "| 1 | dt | 64 |" in table and ("bfloat16" in table) == (precision == "bf16")

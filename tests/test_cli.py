@@ -35,6 +35,15 @@ def test_td3_bc_beats_the_random_policy(tiny, tmp_path):
     assert all("critic_loss" in r for r in rows if "eval/normalized_score" not in r)
 
 
+def test_bf16_precision_trains(tiny, tmp_path):
+    """--run.precision bf16 (autocast) learns as fp32 does on tiny, and the run records it."""
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--dataset", tiny, "--steps", "1500", "--eval.every", "0",
+            "--run.precision", "bf16", *FAST, "--run.out-dir", str(tmp_path))
+    run_dir = run_dir_of(tmp_path, "td3_bc")
+    assert json.loads((run_dir / "config.json").read_text())["run"]["precision"] == "bf16"
+    assert check_run_dir(run_dir)["eval/normalized_score"] > 50
+
+
 def test_bc_and_percent_bc(tiny, tmp_path):
     run_cli(PYTHON, "-m", "algos.bc", "--steps", "300", "--frac", "0.2", *FAST, "--run.out-dir", str(tmp_path))
     final = check_run_dir(run_dir_of(tmp_path, "bc"))

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
-from offrl.nets import (DeterministicActor, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor,
+from offrl.nets import (DeterministicActor, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, autocast,
                         TanhGaussianActor, soft_update)
 
 
@@ -68,3 +69,27 @@ def test_soft_update():
     soft_update(a, b, 0.25)
     for old, new, src in zip(before, a.parameters(), b.parameters()):
         torch.testing.assert_close(new, 0.75 * old + 0.25 * src)
+
+
+def test_bf16_autocast_keeps_the_output_layer_in_float32():
+    torch.manual_seed(0)
+    critic = EnsembleCritic(5, 2, ensemble_size=3, hidden=(64, 64))
+    actor = TanhGaussianActor(5, 2, -np.ones(2), np.ones(2), hidden=(64, 64))
+    obs, act = torch.randn(32, 5), torch.rand(32, 2) * 2 - 1
+    hidden_dtypes = []
+    critic.net.net[0].register_forward_hook(lambda m, i, out: hidden_dtypes.append(out.dtype))
+    with autocast(torch.device("cpu"), "bf16"):
+        q = critic(obs, act)
+        mean, log_std = actor.distribution(obs)
+    assert hidden_dtypes == [torch.bfloat16]  # the hidden matmuls did run in bf16
+    assert q.dtype == mean.dtype == log_std.dtype == torch.float32
+    # The float32 head sees the bf16 hidden activations: close to, not equal to, the fp32 forward.
+    q32 = critic(obs, act)
+    assert hidden_dtypes[-1] == torch.float32
+    assert torch.allclose(q, q32, atol=0.05) and not torch.equal(q, q32)
+    q.sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in critic.parameters())
+    # State-dict keys are nn.Sequential's, so policies saved before the MLP class still load.
+    assert "net.net.0.weight" in critic.state_dict() and "trunk.0.weight" in actor.state_dict()
+    with pytest.raises(ValueError, match="precision"):
+        autocast(torch.device("cpu"), "fp16")
