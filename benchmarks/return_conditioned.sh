@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Issue 5's benchmark, 3 seeds, resumable (rerun after an interruption):
-#  (a) DT against BC on hopper medium;
+#  (a) DT against BC on hopper medium and on walker2d medium;
 #  (b) RCSL on hopper medium-expert, one model per seed evaluated conditioned on the expert-level and
 #      on the medium-level return.
-# DT costs ~185 ms per update at 1 thread in fp32 (batch 64, results/speed.md) and ~85 ms under
-# --run.precision bf16, so on 2 CPU cores it gets 20k bf16 steps with a 1k-step warm-up instead of the
-# paper's 100k with 10k; BC gets 30k in fp32. RCSL stops early on its hold-out loss, at most 20k steps.
-# The tables state the budgets.
+# DT costs ~185 ms per update at 1 thread in fp32 (batch 64, results/speed.md), so on 2 CPU cores it got
+# 4k steps on hopper with a 1k-step warm-up instead of the paper's 100k with 10k; on walker2d it runs
+# under --run.precision bf16 (~85 ms per update) for 10k steps. BC gets 30k steps in fp32. RCSL stops
+# early on its hold-out loss, at most 20k steps. The tables state the budgets.
 #   JOBS=2 benchmarks/return_conditioned.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-runs-bench}
 jobs=${JOBS:-2}
 medium=offrl/hopper/medium-v0
+walker=offrl/walker2d/medium-v0
 mixed=offrl/hopper/medium-expert-v0
 offrl datasets make "$medium" 2>/dev/null || true
+offrl datasets make "$walker" 2>/dev/null || true
 offrl datasets make "$mixed" 2>/dev/null || true
 # conditioning targets: the expert's reference return and the medium data's mean episode return
 read -r expert_return medium_return < <(python - <<'PY'
@@ -25,21 +27,29 @@ print(f"{expert:.0f} {medium:.0f}")
 PY
 )
 
-sweep_a=(python -m benchmarks.sweep --name dt-medium-bf16 --out-dir "$out" --datasets "$medium" --seeds 0 1 2
-         --steps 20000 --jobs "$jobs"
-         --common "--eval.every 2000 --eval.episodes 20 --run.checkpoint-every 500 --run.precision bf16"
-         --variant "dt=dt --warmup-steps 1000")
+sweep_a=(python -m benchmarks.sweep --name dt-medium --out-dir "$out" --datasets "$medium" --seeds 0 1 2 --steps 4000
+         --jobs "$jobs" --common "--eval.every 2000 --eval.episodes 20" --variant "dt=dt --warmup-steps 1000")
 sweep_b=(python -m benchmarks.sweep --name bc-medium --out-dir "$out" --datasets "$medium" --seeds 0 1 2 --steps 30000
          --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 20" --variant bc=bc)
+sweep_d=(python -m benchmarks.sweep --name dt-walker-medium-bf16 --out-dir "$out" --datasets "$walker" --seeds 0 1 2
+         --steps 10000 --jobs "$jobs"
+         --common "--eval.every 5000 --eval.episodes 20 --run.checkpoint-every 500 --run.precision bf16"
+         --variant "dt=dt --warmup-steps 1000")
+sweep_e=(python -m benchmarks.sweep --name bc-walker-medium --out-dir "$out" --datasets "$walker" --seeds 0 1 2
+         --steps 30000 --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 20" --variant bc=bc)
 sweep_c=(python -m benchmarks.sweep --name rcsl-medium-expert --out-dir "$out" --datasets "$mixed" --seeds 0 1 2
          --steps 20000 --jobs "$jobs" --common "--eval.episodes 20"
          --variant "rcsl=rcsl --eval-targets $expert_return $medium_return")
 "${sweep_b[@]}"
 "${sweep_a[@]}"
 "${sweep_c[@]}"
+"${sweep_e[@]}"
+"${sweep_d[@]}"
 
-python -m benchmarks.table "$out/dt-medium-bf16" "$out/bc-medium" --out results/dt-vs-bc-medium.md \
+python -m benchmarks.table "$out/dt-medium" "$out/bc-medium" --out results/dt-vs-bc-medium.md \
   --title "Decision Transformer vs BC on $medium" --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"
+python -m benchmarks.table "$out/dt-walker-medium-bf16" "$out/bc-walker-medium" --out results/dt-vs-bc-walker2d-medium.md \
+  --title "Decision Transformer vs BC on $walker" --command "$(quoted "${sweep_d[@]}"); $(quoted "${sweep_e[@]}")"
 python -m benchmarks.table "$out/rcsl-medium-expert" --out results/rcsl-conditioning-medium-expert.md \
   --title "RCSL on $mixed: eval = conditioned on the expert return $expert_return, eval_target_$medium_return = on the medium return" \
   --metric eval/normalized_score --metric "eval_target_$medium_return/normalized_score" --command "$(quoted "${sweep_c[@]}")"

@@ -49,6 +49,7 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score") -> dict | Non
     env = json.loads((run_dir / "environment.json").read_text())
     return {"final": final.get(metric), "best": max(evals, default=final.get(metric)), "metric": metric,
             "seed": final["seed"], "steps": final["steps"], "episodes": config["eval"]["episodes"],
+            "precision": config["run"].get("precision", "fp32"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": final.get("wall_seconds")}
 
 
@@ -84,19 +85,21 @@ def render(groups: dict, title: str, command: str | None) -> str:
              f"Seeds {seeds}; {', '.join(map(str, steps))} gradient steps; each evaluation {', '.join(map(str, episodes))} "
              f"episodes (deterministic policy). Hardware: {hardware}, one thread per run; {packages}. "
              "Final = the last evaluation; best = the best evaluation during training (optimistic, as CORL's 'best'). "
-             "IQM over seeds' final scores with a 95% bootstrap CI (resampling seeds).",
+             "IQM over seeds' final scores with a 95% bootstrap CI (resampling seeds). Precision: the runs' "
+             "`--run.precision` (bf16 = gradient steps under bfloat16 autocast).",
              ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += ["| variant | dataset | seeds | steps | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["| variant | dataset | seeds | steps | precision | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         final = np.array([r["final"] for r in rs])
         best = np.array([r["best"] for r in rs])
         low, high = bootstrap_ci(final)
         hours = np.mean([r["wall"] for r in rs if r["wall"]]) / 3600 if any(r["wall"] for r in rs) else float("nan")
         row_steps = "/".join(str(s) for s in sorted({r["steps"] for r in rs}))
-        lines.append(f"| {label} | {dataset} | {len(rs)} | {row_steps} | {final.mean():.1f} ± {final.std():.1f} | "
+        precision = "/".join(sorted({r["precision"] for r in rs}))
+        lines.append(f"| {label} | {dataset} | {len(rs)} | {row_steps} | {precision} | {final.mean():.1f} ± {final.std():.1f} | "
                      f"{best.mean():.1f} ± {best.std():.1f} | {iqm(final):.1f} [{low:.1f}, {high:.1f}] | {hours:.2f} |")
     return "\n".join(lines) + "\n"
 
