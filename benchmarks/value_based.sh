@@ -2,6 +2,8 @@
 # Issue 4's benchmark on offrl/hopper/medium-replay-v0, 3 seeds, resumable (rerun after an interruption):
 #  (a) IQL and CQL against BC;
 #  (b) with 30% random next-observation corruption (scale 1.0), how much score IQL and RIQL lose.
+# IQL also runs under --run.precision bf16, as a check that bf16 autocast (which CQL uses here) learns
+# what fp32 does.
 # Budgets are sized for 2 CPU cores, one 1-thread run per core (ms/update at 1 thread, results/speed.md:
 # BC 1.3, IQL 7.1, RIQL 12.1, CQL 168 in fp32, ~55 under --run.precision bf16): 30k gradient steps for
 # BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the table states them. RIQL
@@ -17,7 +19,8 @@ offrl datasets make "$ds" 2>/dev/null || true
 
 sweep_a=(python -m benchmarks.sweep --name value-mr --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps 30000
          --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 10"
-         --variant bc=bc --variant iql=iql --variant "iql-corrupt30=iql $corrupt"
+         --variant bc=bc --variant iql=iql --variant "iql-bf16=iql --run.precision bf16"
+         --variant "iql-corrupt30=iql $corrupt"
          --variant "riql=riql --sigma 1.0 --quantile 0.5" --variant "riql-corrupt30=riql --sigma 1.0 --quantile 0.5 $corrupt")
 sweep_b=(python -m benchmarks.sweep --name cql-mr-bf16 --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps 20000
          --jobs "$jobs" --common "--eval.every 2500 --eval.episodes 10 --run.checkpoint-every 500 --run.precision bf16"
