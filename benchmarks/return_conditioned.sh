@@ -5,8 +5,8 @@
 #      on the medium-level return.
 # DT costs ~185 ms per update at 1 thread in fp32 (batch 64, results/speed.md), so on 2 CPU cores it got
 # 4k steps on hopper with a 1k-step warm-up instead of the paper's 100k with 10k; on walker2d it runs
-# under --run.precision bf16 (~85 ms per update) for 30k steps, BC's budget (BC gets 30k steps in fp32
-# on both). RCSL stops early on its hold-out loss, at most 20k steps. The tables state the budgets.
+# under --run.precision bf16 (81 ms per update, results/speed-bf16.md) for 30k steps, BC's budget (BC
+# gets 30k steps in fp32 on both). RCSL stops early on its hold-out loss, at most 20k steps. The tables state the budgets.
 # Why walker2d too: on hopper medium the SAC medium policy's mean action is much better than the
 # sampled actions in the data (return 1885 vs 1500, results/datasets.md), and BC, which learns the mean
 # action, gets a better-than-data policy for free; on walker2d it is not (1426 vs 1578).

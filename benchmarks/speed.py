@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
-from offrl.nets import autocast
+from offrl.nets import PRECISIONS, autocast, precision_dtype
 
 DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac")
 
@@ -64,7 +64,7 @@ def sync(device: torch.device) -> None:
 
 
 def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precision: str = "fp32") -> float:
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = precision_dtype(precision)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
@@ -83,7 +83,6 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     module = importlib.import_module(f"algos.{algo}")
     cfg = module.Config()
     cfg.run.compile = compile
-    cfg.run.precision = precision
     if batch_size:
         cfg.batch_size = batch_size
     data = synthetic_data()
@@ -135,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--per-block", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions; medians are reported")
     parser.add_argument("--compile", action="store_true", help="time the torch.compile path")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                         help="time updates under --run.precision bf16 (bfloat16 autocast); the matmul reference "
                              "is then a bfloat16 matmul")
     parser.add_argument("--json", action="store_true", help="print JSON only")

@@ -5,9 +5,10 @@
 # IQL also runs under --run.precision bf16, as a check that bf16 autocast (which CQL uses here) learns
 # what fp32 does.
 # Budgets are sized for 2 CPU cores, one 1-thread run per core (ms/update at 1 thread, results/speed.md:
-# BC 1.3, IQL 7.1, RIQL 12.1, CQL 168 in fp32, ~55 under --run.precision bf16): 30k gradient steps for
-# BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the table states them. RIQL
-# uses its paper's hopper setting for corrupted dynamics (sigma 1.0, quantile 0.5; FACTS.md 5).
+# BC 1.3, IQL 7.1, RIQL 12.1, CQL 168 in fp32; CQL 66 under --run.precision bf16, speed-bf16.md):
+# 30k gradient steps for BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the
+# table states them. RIQL uses its paper's hopper setting for corrupted dynamics (sigma 1.0, quantile
+# 0.5; FACTS.md 5).
 #   JOBS=2 benchmarks/value_based.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell

@@ -43,12 +43,21 @@ class MLP(nn.Sequential):
         return x
 
 
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""`--run.precision` names and the matmul dtype each stands for."""
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+    return PRECISIONS[precision]
+
+
 def autocast(device: torch.device, precision: str):
     """The context `--run.precision` asks for: bfloat16 autocast (matmuls in bf16 with float32
     accumulation, float32 weights and optimizer state) or nothing ('fp32')."""
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be 'fp32' or 'bf16', not {precision!r}")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    dtype = precision_dtype(precision)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activation: type[nn.Module] = nn.ReLU,

@@ -51,7 +51,7 @@ def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_speed_benchmark_reports_every_algorithm(precision, tmp_path, capsys):
+def test_speed_benchmark_reports_every_algorithm(precision, tmp_path):
     """A smoke run (no timing is asserted): the report and the markdown table hold each algorithm."""
     import torch
 
