@@ -34,7 +34,7 @@ from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.sequences import Segments, SequenceBuffer
-from offrl.nets import MLP
+from offrl.nets import MLP, Dropout
 from offrl.run import Run, cli_main
 
 
@@ -77,9 +77,9 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.ReLU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.ReLU(), nn.Linear(4 * dim, dim), Dropout(dropout))
         self.heads, self.dropout = heads, dropout
-        self.resid_drop = nn.Dropout(dropout)
+        self.resid_drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
@@ -96,7 +96,7 @@ class DecisionTransformer(nn.Module):
         d = cfg.embed_dim
         self.embed_timestep = nn.Embedding(cfg.max_timestep, d)
         self.embed_return, self.embed_state, self.embed_action = nn.Linear(1, d), nn.Linear(obs_dim, d), nn.Linear(act_dim, d)
-        self.embed_ln, self.embed_drop = nn.LayerNorm(d), nn.Dropout(cfg.dropout)
+        self.embed_ln, self.embed_drop = nn.LayerNorm(d), Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(d, cfg.heads, cfg.dropout) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(d)
         self.predict_action = MLP(nn.Linear(d, act_dim), nn.Tanh(), head_layers=2)

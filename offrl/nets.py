@@ -60,6 +60,28 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout with a cheaper mask on the CPU.
+
+    On the CPU, torch draws one random number per element for the mask (`bernoulli_`, about 1.8 ms for
+    a DT activation of 64 x 60 x 128). Here each random 64-bit word
+    gives four 16-bit draws: an element is dropped when its draw falls below round(p * 65536), so the
+    drop rate is p rounded to a multiple of 1/65536 (0.1 -> 0.1000061), and kept elements are scaled by
+    1 / (1 - that rate), which keeps the layer unbiased. Other devices use torch's own dropout.
+    A DT update in bf16 at 1 thread took 80 ms with it against 89 ms with nn.Dropout (interleaved
+    A/B, same process); attention dropout inside scaled_dot_product_attention still uses torch's.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0 or self.p >= 1 or x.device.type != "cpu" or self.inplace:
+            return super().forward(x)
+        drops = round(self.p * 65536)  # out of 65536
+        draws = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, 2**63 - 1)
+        kept = draws.view(torch.int16)[:x.numel()].view(x.shape) >= drops - 32768
+        # mask, then scale: a bf16 mask * scale would round 1/0.9 to 1.109
+        return (x * kept.to(x.dtype)) * (65536 / (65536 - drops))
+
+
 def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activation: type[nn.Module] = nn.ReLU,
         layer_norm: bool = False, dropout: float = 0.0, output_activation: type[nn.Module] | None = None) -> MLP:
     layers: list[nn.Module] = []
@@ -69,7 +91,7 @@ def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activatio
             layers.append(nn.LayerNorm(width))
         layers.append(activation())
         if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+            layers.append(Dropout(dropout))
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
     if output_activation is not None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from offrl.nets import (DeterministicActor, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, autocast,
+from offrl.nets import (DeterministicActor, Dropout, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, autocast,
                         TanhGaussianActor, soft_update)
 
 
@@ -93,3 +93,33 @@ def test_bf16_autocast_keeps_the_output_layer_in_float32():
     assert "net.net.0.weight" in critic.state_dict() and "trunk.0.weight" in actor.state_dict()
     with pytest.raises(ValueError, match="precision"):
         autocast(torch.device("cpu"), "fp16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_rate_scale_and_gradient(dtype):
+    torch.manual_seed(0)
+    layer = Dropout(0.1)
+    x = torch.rand(500, 1001).add(0.5).to(dtype).requires_grad_()  # odd size: the last word is partly used
+    y = layer(x)
+    dropped = y == 0
+    # drop rate 6554 / 65536; over 500,500 elements its standard error is 0.0004
+    assert abs(dropped.float().mean().item() - 6554 / 65536) < 0.002
+    # the mask differs along both axes (no repeated 4-element pattern)
+    assert dropped[:, :4].float().std(0).min() > 0 and dropped.view(-1, 4).float().mean(0).std() < 0.01
+    scale = 65536 / (65536 - 6554)
+    torch.testing.assert_close(y[~dropped], (x.detach().float() * scale).to(dtype)[~dropped])
+    y.float().sum().backward()
+    expected_grad = torch.where(dropped, 0.0, scale).to(dtype)
+    torch.testing.assert_close(x.grad, expected_grad)
+    # a fresh mask each call, the same mask for the same seed
+    torch.manual_seed(1)
+    first = layer(x.detach()) == 0
+    torch.manual_seed(1)
+    assert torch.equal(layer(x.detach()) == 0, first) and not torch.equal(first, dropped)
+
+
+def test_dropout_is_identity_in_eval_mode_and_exact_at_p_0_and_1():
+    x = torch.randn(3, 7)
+    assert torch.equal(Dropout(0.5).eval()(x), x)
+    assert torch.equal(Dropout(0.0)(x), x)
+    assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
