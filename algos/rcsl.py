@@ -37,7 +37,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import episode_timesteps, returns_to_go
-from offrl.nets import mlp
+from offrl.nets import autocast, mlp
 from offrl.run import Run, cli_main
 
 
@@ -209,14 +209,16 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cpu", seed: int = 0,
                  normalizer: StateNormalizer | None = None, action_low=None, action_high=None) -> RCSLPolicy:
     """Train an RCSL policy on any dataset (e.g. model rollouts) with hold-out early stopping; returns
-    the best policy. `dataset` observations must already be normalized by `normalizer` (if any)."""
+    the best policy. `dataset` observations must already be normalized by `normalizer` (if any).
+    `cfg.run.precision` applies to the gradient steps as in `train`."""
     device = torch.device(device)
     normalizer = normalizer or StateNormalizer(None, None, device)
     low = action_low if action_low is not None else dataset.actions.min(0)
     high = action_high if action_high is not None else dataset.actions.max(0)
     agent = RCSL(cfg, dataset, normalizer, low, high, device, seed)
     for step in range(1, cfg.steps + 1):
-        agent.update(cfg.batch_size)
+        with autocast(device, cfg.run.precision):
+            agent.update(cfg.batch_size)
         if step % cfg.holdout_every == 0 and agent.check():
             break
     agent.restore_best()
