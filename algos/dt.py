@@ -17,7 +17,9 @@ normalized with std + 1e-6, 100 evaluation episodes. Evaluation runs two targets
 
 Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and MLP blocks with residual
 dropout, final LayerNorm) instead of HuggingFace GPT-2; padding is masked out of attention, not only
-of the loss; the loss is taken in the unit action box (identical for [-1, 1] boxes).
+of the loss; the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
+embedding, residual and MLP dropout masks come from `offrl.nets.Dropout` (rate 0.1000061, cheaper
+random draws), attention dropout from torch.
 """
 
 from __future__ import annotations
