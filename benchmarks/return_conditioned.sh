@@ -7,7 +7,8 @@
 # 4k steps on hopper with a 1k-step warm-up instead of the paper's 100k with 10k (BC: 30k steps). On
 # walker2d both get the paper's 100k steps: DT under --run.precision bf16 (~80 ms per update at 1
 # thread, about 2.5 h per seed per core with its evaluations), BC in fp32. An earlier 30k-step walker2d
-# table, results/dt-vs-bc-walker2d-medium-30k.md, came from the same two sweeps at --steps 30000.
+# table, results/dt-vs-bc-walker2d-medium-30k.md, came from these two sweeps at --steps 30000, named
+# dt-walker-medium-bf16 and bc-walker-medium.
 # RCSL stops early on its hold-out loss, at most 20k steps. The tables state the budgets.
 # Why walker2d too: on hopper medium the SAC medium policy's mean action is much better than the
 # sampled actions in the data (return 1885 vs 1500, results/datasets.md), and BC, which learns the mean
