@@ -36,6 +36,7 @@ from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.sequences import Segments, SequenceBuffer
+from offrl.errors import OffrlError
 from offrl.nets import MLP, Dropout
 from offrl.run import Run, cli_main
 
@@ -208,24 +209,38 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
     return lambda: agent.update(buffer.sample(cfg.batch_size))
 
 
+def expert_target(cfg: Config, metadata: dict) -> float:
+    """--target-return, else the dataset's ref_max_score."""
+    target = cfg.target_return if cfg.target_return is not None else metadata.get("ref_max_score")
+    if target is None:
+        raise OffrlError("the dataset has no ref_max_score: pass --target-return")
+    return float(target)
+
+
+def eval_policies(cfg: Config, agent: DT, metadata: dict, targets=None) -> dict[str, ReturnConditionedActor]:
+    """The run's score conditions on the expert-level target, and half of it is evaluated too; given
+    `targets` (offrl eval --targets), those instead, the first as the score."""
+    if targets:
+        return {"eval" if i == 0 else f"eval_target_{t:g}": ReturnConditionedActor(agent, t) for i, t in enumerate(targets)}
+    target = expert_target(cfg, metadata)
+    return {"eval": ReturnConditionedActor(agent, target), "eval_half_target": ReturnConditionedActor(agent, target / 2)}
+
+
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("dt", cfg, data)
-    target = cfg.target_return if cfg.target_return is not None else data.metadata.get("ref_max_score")
-    if target is None:
-        from offrl.errors import OffrlError
-
-        raise OffrlError("the dataset has no ref_max_score: pass --target-return")
+    target = expert_target(cfg, data.metadata)
     buffer = SequenceBuffer(data.dataset, cfg.context, run.device, seed=cfg.seed, rtg_scale=cfg.rtg_scale,
                             max_timestep=cfg.max_timestep)
     agent = DT(cfg, data, run.device)
+    policies = eval_policies(cfg, agent, data.metadata)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
         with run.precision():
             metrics = agent.update(buffer.sample(cfg.batch_size))
         run.log(step, metrics)
-        run.evaluate(step, ReturnConditionedActor(agent, target), data.metadata)
-        run.evaluate(step, ReturnConditionedActor(agent, target / 2), data.metadata, prefix="eval_half_target")
+        for name, policy in policies.items():
+            run.evaluate(step, policy, data.metadata, prefix=None if name == "eval" else name)
         run.checkpoint(step, state)
     return run.finish({"target_return": target})
 

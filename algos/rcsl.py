@@ -225,6 +225,23 @@ def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cp
     return agent.policy
 
 
+def eval_setup(cfg: Config, device: torch.device) -> tuple[RCSL, dict]:
+    """For `offrl eval`: the agent as `train` builds it; pins the default target (the data's best return)."""
+    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    if not cfg.eval_targets:
+        cfg.eval_targets = (float(data.dataset.episode_returns().max()),)
+    return RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(device), data.action_low, data.action_high,
+                device, cfg.seed), data.metadata
+
+
+def eval_policies(cfg: Config, agent: RCSL, metadata: dict, targets=None) -> dict[str, ConditionedActor]:
+    """The best hold-out weights, conditioned on each target (`targets`, else --eval-targets); the
+    first target's score is the run's."""
+    agent.restore_best()
+    targets = list(targets or cfg.eval_targets)
+    return {"eval" if i == 0 else f"eval_target_{t:g}": agent.policy.actor(t) for i, t in enumerate(targets)}
+
+
 def train(cfg: Config) -> dict:
     data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("rcsl", cfg, data)
@@ -245,12 +262,10 @@ def train(cfg: Config) -> dict:
                 break
         else:
             run.checkpoint(step, state)
-    agent.restore_best()
     per_target = {}
-    for i, target in enumerate(targets):
-        summary = run.evaluate(step, agent.policy.actor(target), data.metadata, force=True,
-                               prefix=None if i == 0 else f"eval_target_{target:g}")
-        per_target[f"{target:g}"] = summary.get("eval/normalized_score", summary.get(f"eval_target_{target:g}/normalized_score"))
+    for target, (name, policy) in zip(targets, eval_policies(cfg, agent, data.metadata, targets).items()):
+        summary = run.evaluate(step, policy, data.metadata, force=True, prefix=None if name == "eval" else name)
+        per_target[f"{target:g}"] = summary.get(f"{name}/normalized_score")
     for target, score in per_target.items():
         print(f"target return {target}: normalized score {score:.1f}" if score is not None else f"target {target}: -")
     return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_loss, "score_per_target": per_target})

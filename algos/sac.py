@@ -159,6 +159,21 @@ class EnvLoop:
         self.episodes = int(state["episodes"])
 
 
+def eval_metadata(cfg: Config) -> dict:
+    """What the evaluator needs to make the env (no reference scores: returns only)."""
+    return {"env_id": cfg.env_id, "name": cfg.env_id}
+
+
+def eval_setup(cfg: Config, device: torch.device) -> tuple[SAC, dict]:
+    """For `offrl eval`: an agent of the env's spaces, to load a checkpoint into."""
+    env = gym.make(cfg.env_id)
+    try:
+        spaces = Spaces.of(env)
+    finally:
+        env.close()
+    return SAC(cfg, spaces, device), eval_metadata(cfg)
+
+
 def train(cfg: Config) -> dict:
     run = Run("sac", cfg)
     loop = EnvLoop(cfg.env_id, cfg.seed)
@@ -167,7 +182,7 @@ def train(cfg: Config) -> dict:
     buffer = ReplayBuffer(spaces.obs_dim, spaces.act_dim, min(cfg.buffer_size, cfg.steps), run.device, seed=cfg.seed)
     state = {"agent": agent, "buffer": buffer, "loop": loop}
     actors_dir = Path(run.dir) / "actors"
-    metadata = {"env_id": cfg.env_id, "name": cfg.env_id}
+    metadata = eval_metadata(cfg)
     metrics: dict[str, torch.Tensor] = {}
     steps = run.steps(state)
     if run.start_step > 0:

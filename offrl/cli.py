@@ -5,6 +5,7 @@
     offrl datasets validate <id-or-path>      load, check every field and the env's spaces
     offrl datasets make <id> [--force]        generate an offrl dataset (e.g. offrl/tiny-v0)
     offrl train <algo> [options]              same options as `python -m algos.<algo>`
+    offrl eval <run> [--episodes N]           evaluate a saved run (folder or checkpoint) again
 
 Input errors print one line (`error: ...`) and exit 1.
 """
@@ -56,11 +57,25 @@ def main(argv: list[str] | None = None) -> None:
     make.add_argument("--deterministic", action="store_true", help="your own dataset: act with the policy's mode")
     make.add_argument("--ref-min-score", type=float, help="your own dataset: reference random return")
     make.add_argument("--ref-max-score", type=float, help="your own dataset: reference expert return")
+    evaluate = sub.add_parser("eval", help="evaluate a saved run again, e.g. with more episodes",
+                              description="Rebuild a run from its checkpoint and evaluate it. With the run's own "
+                                          "episode count and seed (the defaults) it reproduces a finished run's final evaluation.")
+    evaluate.add_argument("run", help="a run folder (runs/<algo>/<dataset>/<seed>-<time>) or a checkpoint file")
+    evaluate.add_argument("--episodes", type=int, help="evaluation episodes (default: the run's eval.episodes)")
+    evaluate.add_argument("--seed", type=int, help="first episode's reset seed (default: the run's seed + eval.seed_offset)")
+    evaluate.add_argument("--targets", type=float, nargs="+",
+                          help="conditioning returns for dt and rcsl (default: the run's own targets)")
+    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    evaluate.add_argument("--threads", type=int, help="torch CPU threads (default: the run's run.threads)")
+    evaluate.add_argument("--out", help="also write the results to this JSON file")
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
     verify = dsub.add_parser("verify", help="regenerate offrl datasets and compare checksums")
     verify.add_argument("dataset_id", nargs="?", help="one dataset (default: every local offrl dataset)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning, module="minari")
     try:
+        if args.command == "eval":
+            return eval_command(args)
         {"list": datasets_list, "info": datasets_info, "validate": datasets_validate, "make": datasets_make,
          "verify": datasets_verify}[args.action](args)
     except OffrlError as exc:
@@ -81,6 +96,28 @@ def train_command(argv: list[str]) -> None:
     # offrl/ never imports algos/ statically; the CLI dispatches by name, as `python -m algos.<algo>` would.
     module = importlib.import_module(f"algos.{algo}")
     cli_main(module.Config, module.train, argv=rest, prog=f"offrl train {algo}")
+
+
+def eval_command(args) -> None:
+    from offrl.eval_run import evaluate_saved_run
+
+    if args.episodes is not None and args.episodes < 1:
+        raise OffrlError(f"--episodes {args.episodes}: must be at least 1")
+    report = evaluate_saved_run(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
+                                targets=args.targets, threads=args.threads)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{report['algo']} on {report['run_label']}, step {report['step']}, {report['episodes']} episodes "
+          f"from seed {report['seed']} ({report['checkpoint']})")
+    for name, result in report["results"].items():
+        score = result.get("normalized_score")
+        shown = (f"normalized score {score:.1f} ± {result['normalized_score_std']:.1f}, " if score is not None else "")
+        print(f"  {name}: {shown}return {result['return_mean']:.1f} ± {result['return_std']:.1f}, "
+              f"length {result['length_mean']:.0f}")
 
 
 def describe(dataset) -> dict:

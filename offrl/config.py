@@ -141,3 +141,26 @@ def resolve_device(name: str) -> torch.device:
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, values: dict, where: str = "config"):
+    """The inverse of `to_dict` for a config that config.json or a checkpoint stored: nested configs
+    are rebuilt, JSON lists become tuples, missing fields keep their defaults, and an unknown field
+    is an error (the run was saved by a version of offrl whose config differs)."""
+    from offrl.errors import OffrlError
+
+    defaults = cls()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise OffrlError(f"{where}: unknown field(s) {', '.join(unknown)} for {cls.__module__}.{cls.__qualname__} "
+                         f"(saved by another version of offrl?)")
+    kwargs = {}
+    for name, value in values.items():
+        default = getattr(defaults, name)
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            value = from_dict(type(default), value, f"{where}.{name}")
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)

@@ -44,3 +44,18 @@ def run_cli(*args, cwd=None, timeout=300, check=True):
 
 
 PYTHON = sys.executable
+
+
+def assert_reevaluation_reproduces(run_dir):
+    """`offrl eval` of a finished run, with the run's own episodes and seed, gives its last evaluations."""
+    import json
+
+    from offrl.eval_run import evaluate_saved_run
+
+    final = json.loads((Path(run_dir) / "final.json").read_text())
+    report = evaluate_saved_run(run_dir, device="cpu")
+    assert report["results"], report
+    for name, result in report["results"].items():
+        for key in ("return_mean", "length_mean"):
+            assert result[key] == pytest.approx(final[f"{name}/{key}"], rel=1e-6), (name, key, result, final)
+    return report

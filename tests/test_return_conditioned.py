@@ -12,7 +12,7 @@ from offrl.data.dataset import Dataset
 from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import SequenceBuffer, episode_timesteps, returns_to_go
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 
 
 def three_episodes():
@@ -165,3 +165,6 @@ def test_cli_smoke(tiny, tmp_path, algo, extra):
     if "--eval-targets" in extra:
         assert set(final["score_per_target"]) == {"200", "100"}
         assert "target return 100: normalized score" in result.stdout
+    report = assert_reevaluation_reproduces(run_dir)
+    expected = {"dt": {"eval", "eval_half_target"}, "rcsl": {"eval", "eval_target_100"} if "--eval-targets" in extra else {"eval"}}
+    assert set(report["results"]) == expected[algo]

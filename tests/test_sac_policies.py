@@ -10,7 +10,7 @@ from offrl import policies
 from offrl.errors import CheckpointError
 from offrl.nets import DeterministicActor, GaussianActor, TanhGaussianActor
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 
 
 def test_sac_trains_and_saves_actor_snapshots(tmp_path):
@@ -26,6 +26,7 @@ def test_sac_trains_and_saves_actor_snapshots(tmp_path):
     policy = policies.load_policy(run_dir / "actors" / "actor_0000600.pt")
     assert policy.kind == "tanh_gaussian" and policy.step == 600 and policy.env_id == "InvertedPendulum-v5"
     assert policy.act(np.zeros((3, 4))).shape == (3, 1)
+    assert_reevaluation_reproduces(run_dir)
 
 
 @pytest.mark.parametrize("cls, kind", [(TanhGaussianActor, "tanh_gaussian"), (DeterministicActor, "deterministic"),
