@@ -8,6 +8,10 @@ one over training (best, from metrics.jsonl). Per group: mean ± std over seeds 
 the IQM (mean of the middle 50% of seeds' last scores) with a 95% bootstrap confidence interval
 (resampling seeds, 2000 draws, fixed seed). The caption states seeds, steps, evaluation episodes,
 hardware and package versions, read from the runs themselves.
+
+With --reevaluate N the final column is instead each run's final checkpoint evaluated again with N
+episodes from reset seed --reeval-seed (`offrl eval`; cached next to the run as
+reeval-<N>ep-seed<S>.json), for a more precise final score than training's few evaluation episodes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,21 @@ def bootstrap_ci(values: np.ndarray, statistic=iqm, draws: int = 2000, seed: int
     return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
 
 
-def read_run(run_dir: Path, metric: str = "eval/normalized_score") -> dict | None:
+def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
+    """`offrl eval` of the run's final checkpoint, computed once and cached in the run folder."""
+    cache = run_dir / f"reeval-{episodes}ep-seed{seed}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    from offrl.eval_run import evaluate_saved_run
+
+    report = evaluate_saved_run(run_dir, episodes=episodes, seed=seed, device="cpu")
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(cache)
+    return report
+
+
+def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: tuple[int, int] | None = None) -> dict | None:
     final_path = run_dir / "final.json"
     if not final_path.exists():
         return None
@@ -47,13 +65,19 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score") -> dict | Non
     evals = [r[metric] for r in rows if metric in r]
     config = json.loads((run_dir / "config.json").read_text())
     env = json.loads((run_dir / "environment.json").read_text())
-    return {"final": final.get(metric), "best": max(evals, default=final.get(metric)), "metric": metric,
-            "seed": final["seed"], "steps": final["steps"], "episodes": config["eval"]["episodes"],
+    final_score, episodes = final.get(metric), config["eval"]["episodes"]
+    if reevaluate is not None and final_score is not None:
+        episodes = reevaluate[0]
+        prefix, key = metric.split("/", 1)
+        final_score = reevaluated(run_dir, *reevaluate)["results"][prefix][key]
+    return {"final": final_score, "best": max(evals, default=final.get(metric)), "metric": metric,
+            "seed": final["seed"], "steps": final["steps"], "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": final.get("wall_seconds")}
 
 
-def collect(roots: Path | list[Path], metrics: list[str] | None = None) -> dict[tuple[str, str], list[dict]]:
+def collect(roots: Path | list[Path], metrics: list[str] | None = None,
+            reevaluate: tuple[int, int] | None = None) -> dict[tuple[str, str], list[dict]]:
     """{(row label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/ of one or
     more sweep folders; with several metrics (e.g. RCSL's per-target scores) each gets its own row,
     labelled 'variant [metric]'."""
@@ -63,14 +87,14 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None) -> dict[
     for root, final in ((root, final) for root in roots for final in sorted(root.glob("*/*/*/*/final.json"))):
         label = final.parent.relative_to(root).parts[0]
         for metric in metrics:
-            run = read_run(final.parent, metric)
+            run = read_run(final.parent, metric, reevaluate)
             if run is not None and run["final"] is not None:
                 row = label if len(metrics) == 1 else f"{label} [{metric.removesuffix('/normalized_score')}]"
                 groups[(row, run["dataset"])].append(run)
     return groups
 
 
-def render(groups: dict, title: str, command: str | None) -> str:
+def render(groups: dict, title: str, command: str | None, reeval_seed: int | None = None) -> str:
     runs = [r for rs in groups.values() for r in rs]
     if not runs:
         return f"# {title}\n\n(no finished runs)\n"
@@ -78,13 +102,21 @@ def render(groups: dict, title: str, command: str | None) -> str:
     seeds = sorted({r["seed"] for r in runs})
     steps = sorted({r["steps"] for r in runs})
     episodes = sorted({r["episodes"] for r in runs})
+    train_episodes = sorted({r["train_episodes"] for r in runs})
+    if reeval_seed is None:
+        evaluation = (f"each evaluation {', '.join(map(str, episodes))} episodes (deterministic policy). ")
+        final_is = "Final = the last evaluation; "
+    else:
+        evaluation = (f"training's evaluations {', '.join(map(str, train_episodes))} episodes (deterministic policy). ")
+        final_is = (f"Final = the final checkpoint evaluated again by `offrl eval` with {', '.join(map(str, episodes))} "
+                    f"episodes from reset seed {reeval_seed} (other episodes than training's); ")
     hardware = f"{env.get('processor')}, {env.get('cpu_count')} cores, device {env.get('device')}"
     packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if k in ("torch", "gymnasium", "mujoco", "minari"))
     lines = [f"# {title}", "",
              f"Generated by `python -m benchmarks.table` on {time.strftime('%Y-%m-%d')} from {len(runs)} runs. "
-             f"Seeds {seeds}; {', '.join(map(str, steps))} gradient steps; each evaluation {', '.join(map(str, episodes))} "
-             f"episodes (deterministic policy). Hardware: {hardware}, one thread per run; {packages}. "
-             "Final = the last evaluation; best = the best evaluation during training (optimistic, as CORL's 'best'). "
+             f"Seeds {seeds}; {', '.join(map(str, steps))} gradient steps; {evaluation}"
+             f"Hardware: {hardware}, one thread per run; {packages}. "
+             f"{final_is}best = the best evaluation during training (optimistic, as CORL's 'best'). "
              "IQM over seeds' final scores with a 95% bootstrap CI (resampling seeds). Precision: the runs' "
              "`--run.precision` (bf16 = gradient steps under bfloat16 autocast).",
              ""]
@@ -112,8 +144,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--command", default=None, help="the sweep command, quoted in the caption")
     parser.add_argument("--metric", action="append", default=None,
                         help="final.json key to report (repeatable; default eval/normalized_score)")
+    parser.add_argument("--reevaluate", type=int, metavar="EPISODES",
+                        help="final = each run's final checkpoint evaluated again with this many episodes")
+    parser.add_argument("--reeval-seed", type=int, default=10_000, help="reset seed of the first re-evaluation episode")
     args = parser.parse_args(argv)
-    text = render(collect(args.roots, args.metric), args.title, args.command)
+    reevaluate = (args.reevaluate, args.reeval_seed) if args.reevaluate else None
+    text = render(collect(args.roots, args.metric, reevaluate), args.title, args.command,
+                  args.reeval_seed if reevaluate else None)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

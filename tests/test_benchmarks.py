@@ -1,5 +1,7 @@
 """Sweep and table tooling: IQM by hand, a tiny resumable sweep rendered as a table."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,16 @@ def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
                   "--metric", "eval/return_mean").stdout
     assert sum(line.startswith("| bc [eval] |") or line.startswith("| bc [eval/return_mean] |")
                for line in two.splitlines()) == 2
+    # final = the final checkpoints evaluated again (offrl eval), cached beside each run
+    redone = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--reevaluate", "3", "--reeval-seed", "5").stdout
+    assert "evaluated again by `offrl eval` with 3 episodes from reset seed 5" in redone
+    caches = sorted((tmp_path / "t" / "bc").glob("*/*/*/reeval-3ep-seed5.json"))
+    assert len(caches) == 2 and len(list((tmp_path / "t").glob("*/*/*/*/reeval-3ep-seed5.json"))) == 4
+    reports = [json.loads(c.read_text()) for c in caches]
+    assert all(r["episodes"] == 3 and r["seed"] == 5 for r in reports)
+    mean = np.mean([r["results"]["eval"]["normalized_score"] for r in reports])
+    (bc_row,) = [line for line in redone.splitlines() if line.startswith("| bc |")]
+    assert f"| {mean:.1f} ± " in bc_row
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
