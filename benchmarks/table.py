@@ -66,6 +66,9 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     config = json.loads((run_dir / "config.json").read_text())
     env = json.loads((run_dir / "environment.json").read_text())
     final_score, episodes = final.get(metric), config["eval"]["episodes"]
+    wall = final.get("wall_seconds")
+    if "resumes" not in final and env.get("resumes"):
+        wall = None  # written before offrl kept the wall time over resumes: only the last process's time
     if reevaluate is not None and final_score is not None:
         episodes = reevaluate[0]
         prefix, key = metric.split("/", 1)
@@ -73,7 +76,7 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     return {"final": final_score, "best": max(evals, default=final.get(metric)), "metric": metric,
             "seed": final["seed"], "steps": final["steps"], "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"),
-            "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": final.get("wall_seconds")}
+            "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall}
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
@@ -118,7 +121,9 @@ def render(groups: dict, title: str, command: str | None, reeval_seed: int | Non
              f"Hardware: {hardware}, one thread per run; {packages}. "
              f"{final_is}best = the best evaluation during training (optimistic, as CORL's 'best'). "
              "IQM over seeds' final scores with a 95% bootstrap CI (resampling seeds). Precision: the runs' "
-             "`--run.precision` (bf16 = gradient steps under bfloat16 autocast).",
+             "`--run.precision` (bf16 = gradient steps under bfloat16 autocast). Hours per run: wall time over all of "
+             "a run's processes (n/a for runs resumed before offrl recorded it), which depends on what else ran "
+             "on the machine.",
              ""]
     if command:
         lines += [f"Command: `{command}`", ""]
@@ -128,11 +133,12 @@ def render(groups: dict, title: str, command: str | None, reeval_seed: int | Non
         final = np.array([r["final"] for r in rs])
         best = np.array([r["best"] for r in rs])
         low, high = bootstrap_ci(final)
-        hours = np.mean([r["wall"] for r in rs if r["wall"]]) / 3600 if any(r["wall"] for r in rs) else float("nan")
+        walls = [r["wall"] for r in rs if r["wall"] is not None]
+        hours = "n/a" if not walls else f"{np.mean(walls) / 3600:.2f}" + ("" if len(walls) == len(rs) else f" ({len(walls)} of {len(rs)} runs)")
         row_steps = "/".join(str(s) for s in sorted({r["steps"] for r in rs}))
         precision = "/".join(sorted({r["precision"] for r in rs}))
         lines.append(f"| {label} | {dataset} | {len(rs)} | {row_steps} | {precision} | {final.mean():.1f} ± {final.std():.1f} | "
-                     f"{best.mean():.1f} ± {best.std():.1f} | {iqm(final):.1f} [{low:.1f}, {high:.1f}] | {hours:.2f} |")
+                     f"{best.mean():.1f} ± {best.std():.1f} | {iqm(final):.1f} [{low:.1f}, {high:.1f}] | {hours} |")
     return "\n".join(lines) + "\n"
 
 

@@ -75,6 +75,10 @@ class Run:
         self.extra_evals: dict[str, dict[str, float]] = {}
         self.last_checkpoint_step: int | None = None
         self._restored_state: dict | None = None
+        # wall time of the run's counted steps over all its processes; None after resuming a checkpoint
+        # that did not record it (written before offrl kept it)
+        self.wall_before: float | None = 0.0
+        self.resumes = 0
         wandb_id = None
         if self.resume_from is not None:
             self._restored_state = ckpt.load(self.resume_from, map_location=self.device)
@@ -85,6 +89,8 @@ class Run:
             self.last_metrics = json.loads(self._restored_state.get("last_metrics", "{}"))
             self.extra_evals = json.loads(self._restored_state.get("extra_evals", "{}"))
             wandb_id = self._restored_state.get("wandb_id")
+            self.wall_before = self._restored_state.get("wall_seconds")
+            self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None)
@@ -250,9 +256,13 @@ class Run:
             "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
             "last_metrics": json.dumps(self.last_metrics), "extra_evals": json.dumps(self.extra_evals),
-            "wandb_id": self.logger.wandb_id,
+            "wandb_id": self.logger.wandb_id, "wall_seconds": self.wall_seconds(), "resumes": self.resumes,
         })
         self.last_checkpoint_step = step
+
+    def wall_seconds(self) -> float | None:
+        """Wall time so far, over every process of a resumed run (steps redone after a kill count once)."""
+        return None if self.wall_before is None else self.wall_before + time.perf_counter() - self.start_time
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write final.json, print the final score, close the logger; return the final metrics."""
@@ -261,7 +271,7 @@ class Run:
             "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.cfg.steps,
             "run_dir": str(self.dir), **self.last_eval, **{k: v for e in self.extra_evals.values() for k, v in e.items()},
             **{f"train/{k}": v for k, v in self.last_metrics.items()},
-            "wall_seconds": time.perf_counter() - self.start_time, **(extra or {}),
+            "wall_seconds": self.wall_seconds(), "resumes": self.resumes, **(extra or {}),
         }
         (self.dir / "final.json").write_text(json.dumps(final, indent=2))
         self.logger.close()

@@ -17,7 +17,7 @@ from conftest import PYTHON, ROOT, run_cli
 COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
           "--hidden", "64", "64"]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "run_dir")
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
 
 
 def strip(row):
@@ -113,3 +113,47 @@ def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
 def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
     result = run_cli(PYTHON, "-m", "algos.bc", "--resume", "latest", "--run.out-dir", str(tmp_path), check=False)
     assert result.returncode == 1 and "no run with a checkpoint" in result.stderr
+
+
+def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):
+    """final.json's wall_seconds is the run's time over all its processes, not the last one's; the
+    time between a kill and the resume does not count. Unknown (None) after a checkpoint without it."""
+    import offrl.run
+    from algos.td3_bc import Config
+    from offrl.run import Run
+
+    clock = [1000.0]
+    monkeypatch.setattr(offrl.run.time, "perf_counter", lambda: clock[0])
+
+    def config(steps=4, **kwargs):
+        cfg = Config(steps=steps, **kwargs)
+        cfg.log.wandb, cfg.log.progress, cfg.eval.every, cfg.run.out_dir = "disabled", False, 0, str(tmp_path)
+        return cfg
+
+    state = {"net": torch.nn.Linear(1, 1)}
+    first = Run("td3_bc", config())
+    for step in first.steps(state):
+        clock[0] += 10.0
+        if step == 2:
+            first.checkpoint(step, force=True)  # then the process "dies"
+            break
+    first.logger.close()
+    first._restore_signals()
+    clock[0] += 500.0  # down time before the resume
+    resumed = Run("td3_bc", config(resume=str(first.dir)))
+    for step in resumed.steps(state):
+        clock[0] += 10.0
+        resumed.checkpoint(step)  # at the last step, as every algorithm's loop does
+    final = resumed.finish()
+    assert final["wall_seconds"] == pytest.approx(40.0) and final["resumes"] == 1
+    assert json.loads((first.dir / "final.json").read_text())["wall_seconds"] == pytest.approx(40.0)
+
+    checkpoint = first.dir / "checkpoints" / "last.pt"
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["wall_seconds"] == pytest.approx(40.0)
+    del saved["wall_seconds"]  # as written before offrl kept the wall time
+    torch.save(saved, checkpoint)
+    again = Run("td3_bc", config(resume=str(first.dir), steps=6))
+    for step in again.steps(state):
+        clock[0] += 10.0
+    assert again.finish()["wall_seconds"] is None
