@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 5's benchmark, 3 seeds, resumable (rerun after an interruption):
-#  (a) DT against BC on hopper medium and on walker2d medium;
+#  (a) DT against BC on hopper medium and on walker2d medium (short budgets, then the paper's 100k steps);
 #  (b) RCSL on hopper medium-expert, one model per seed evaluated conditioned on the expert-level and
 #      on the medium-level return.
 # DT costs ~185 ms per update at 1 thread in fp32 (batch 64, results/speed.md), so on 2 CPU cores it got
@@ -43,6 +43,12 @@ sweep_d=(python -m benchmarks.sweep --name dt-walker-medium-bf16-100k --out-dir 
          --variant "dt=dt --warmup-steps 1000")
 sweep_e=(python -m benchmarks.sweep --name bc-walker-medium-100k --out-dir "$out" --datasets "$walker" --seeds 0 1 2
          --steps 100000 --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 20" --variant bc=bc)
+sweep_f=(python -m benchmarks.sweep --name dt-hopper-medium-bf16-100k --out-dir "$out" --datasets "$medium" --seeds 0 1 2
+         --steps 100000 --jobs "$jobs"
+         --common "--eval.every 5000 --eval.episodes 20 --run.checkpoint-every 500 --run.precision bf16"
+         --variant "dt=dt --warmup-steps 1000")
+sweep_g=(python -m benchmarks.sweep --name bc-hopper-medium-100k --out-dir "$out" --datasets "$medium" --seeds 0 1 2
+         --steps 100000 --jobs "$jobs" --common "--eval.every 5000 --eval.episodes 20" --variant bc=bc)
 sweep_c=(python -m benchmarks.sweep --name rcsl-medium-expert --out-dir "$out" --datasets "$mixed" --seeds 0 1 2
          --steps 20000 --jobs "$jobs" --common "--eval.episodes 20"
          --variant "rcsl=rcsl --eval-targets $expert_return $medium_return")
@@ -51,6 +57,8 @@ sweep_c=(python -m benchmarks.sweep --name rcsl-medium-expert --out-dir "$out" -
 "${sweep_c[@]}"
 "${sweep_e[@]}"
 "${sweep_d[@]}"
+"${sweep_g[@]}"
+"${sweep_f[@]}"
 
 python -m benchmarks.table "$out/dt-medium" "$out/bc-medium" --out results/dt-vs-bc-medium.md \
   --title "Decision Transformer vs BC on $medium" --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"
@@ -65,6 +73,15 @@ python -m benchmarks.table "$out/dt-walker-medium-bf16-100k" "$out/bc-walker-med
   --title "Decision Transformer vs BC on $walker, final checkpoints evaluated with 100 episodes: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
   --metric eval/normalized_score --metric eval_half_target/normalized_score \
   --command "$(quoted "${sweep_d[@]}"); $(quoted "${sweep_e[@]}")"
+python -m benchmarks.table "$out/dt-hopper-medium-bf16-100k" "$out/bc-hopper-medium-100k" --out results/dt-vs-bc-hopper-medium-100k.md \
+  --title "Decision Transformer vs BC on $medium at 100k steps: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
+  --metric eval/normalized_score --metric eval_half_target/normalized_score \
+  --command "$(quoted "${sweep_f[@]}"); $(quoted "${sweep_g[@]}")"
+python -m benchmarks.table "$out/dt-hopper-medium-bf16-100k" "$out/bc-hopper-medium-100k" --reevaluate 100 --reeval-seed 10000 \
+  --out results/dt-vs-bc-hopper-medium-100k-100ep.md \
+  --title "Decision Transformer vs BC on $medium at 100k steps, final checkpoints evaluated with 100 episodes: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
+  --metric eval/normalized_score --metric eval_half_target/normalized_score \
+  --command "$(quoted "${sweep_f[@]}"); $(quoted "${sweep_g[@]}")"
 python -m benchmarks.table "$out/rcsl-medium-expert" --out results/rcsl-conditioning-medium-expert.md \
   --title "RCSL on $mixed: eval = conditioned on the expert return $expert_return, eval_target_$medium_return = on the medium return" \
   --metric eval/normalized_score --metric "eval_target_$medium_return/normalized_score" --command "$(quoted "${sweep_c[@]}")"
