@@ -39,7 +39,8 @@ from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
 from offrl.nets import autocast
 
-# Top-level config fields that may change when a run is resumed: they do not change what is trained.
+# Top-level config fields that may change when a run is resumed: they do not change what is trained
+# (except run.precision, which _check_same_config refuses to change).
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run")
 
 
@@ -145,10 +146,14 @@ class Run:
     def _check_same_config(self, state: dict) -> None:
         saved = json.loads(state.get("config", "{}"))
         # Options that did not exist when the run started are allowed: new options keep old behaviour by default.
-        changed = [key for key in sorted(saved)
+        changed = [(key, saved.get(key), self.config.get(key)) for key in sorted(saved)
                    if key not in RESUMABLE_CHANGES and saved.get(key) != self.config.get(key)]
+        # run.* is bookkeeping, except the precision: it changes the numbers, and tables read one per run
+        old_precision = saved.get("run", {}).get("precision", "fp32")
+        if old_precision != self.cfg.run.precision:
+            changed.append(("run.precision", old_precision, self.cfg.run.precision))
         if changed:
-            details = "; ".join(f"{k}: {saved.get(k)!r} -> {self.config.get(k)!r}" for k in changed)
+            details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
 
     def _record_data(self, data: Any) -> None:

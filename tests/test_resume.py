@@ -88,6 +88,8 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     run_cli(PYTHON, "-m", "algos.td3_bc", *args)
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *args, "--alpha", "1.0", "--resume", "latest", check=False)
     assert result.returncode == 1 and "alpha: 2.5 -> 1.0" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args, "--run.precision", "bf16", "--resume", "latest", check=False)
+    assert result.returncode == 1 and "run.precision: 'fp32' -> 'bf16'" in result.stderr
     # more steps is a legal change: the run continues where it stopped
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "80", "--resume", "latest")
     assert "at step 50" in result.stderr
