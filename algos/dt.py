@@ -168,35 +168,48 @@ class ReturnConditionedActor:
     """Evaluation-time DT: per-env context windows of the last K steps, all envs in one forward.
 
     Envs step in lockstep, so every window has the same length; finished envs keep being fed (their
-    actions are ignored by the evaluator)."""
+    actions are ignored by the evaluator). The windows live in fixed [n, K, .] buffers that shift by
+    one step once full, so memory stays O(K) over an episode of any length."""
 
     def __init__(self, agent: DT, target_return: float):
         self.agent, self.target = agent, target_return / agent.cfg.rtg_scale
         self.K = agent.cfg.context
 
     def reset(self, n: int) -> None:
-        self.states, self.actions, self.rtg = [], [], []
+        self.n, self.steps, self.states = n, 0, None  # buffers are made at the first observation
         self.next_rtg = torch.full((n, 1), self.target, device=self.agent.action_bias.device)
+
+    def _window_slot(self, obs_dim: int, device: torch.device) -> int:
+        """Index of the current step in the window buffers, shifting them when full."""
+        if self.states is None:
+            self.states = torch.zeros(self.n, self.K, obs_dim, device=device)
+            self.actions = torch.zeros(self.n, self.K, self.agent.action_scale.numel(), device=device)
+            self.rtg = torch.zeros(self.n, self.K, 1, device=device)
+        if self.steps < self.K:
+            return self.steps
+        for buffer in (self.states, self.actions, self.rtg):
+            buffer[:, :-1] = buffer[:, 1:].clone()
+        return self.K - 1
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         model, n = self.agent.model, obs.shape[0]
         model.eval()
-        self.states.append(self.agent.normalizer(obs))
-        self.rtg.append(self.next_rtg)
-        self.actions.append(torch.zeros(n, self.agent.action_scale.numel(), device=obs.device))
-        states = torch.stack(self.states[-self.K:], 1)
-        actions = torch.stack(self.actions[-self.K:], 1)
-        rtg = torch.stack(self.rtg[-self.K:], 1)
-        t = len(self.states)
-        timesteps = torch.arange(max(t - self.K, 0), t, device=obs.device).expand(n, -1)
+        i = self._window_slot(obs.shape[1], obs.device)
+        self.states[:, i] = self.agent.normalizer(obs)
+        self.rtg[:, i] = self.next_rtg
+        self.actions[:, i] = 0.0
+        self.steps += 1
+        length = i + 1
+        timesteps = torch.arange(self.steps - length, self.steps, device=obs.device).expand(n, -1)
         mask = torch.ones(timesteps.shape, dtype=torch.bool, device=obs.device)
         with torch.no_grad():
-            unit = model(rtg, states, actions, timesteps, mask)[:, -1]
-        self.actions[-1] = unit
+            unit = model(self.rtg[:, :length], self.states[:, :length], self.actions[:, :length], timesteps, mask)[:, -1]
+        self.actions[:, i] = unit
+        self.last_slot = i
         return unit * self.agent.action_scale + self.agent.action_bias
 
     def observe(self, rewards: torch.Tensor) -> None:
-        self.next_rtg = self.rtg[-1] - rewards.unsqueeze(-1) / self.agent.cfg.rtg_scale
+        self.next_rtg = self.rtg[:, self.last_slot] - rewards.unsqueeze(-1) / self.agent.cfg.rtg_scale
 
 
 Agent = DT

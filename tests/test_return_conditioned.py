@@ -80,6 +80,51 @@ def test_dt_is_causal():
     assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
 
 
+class RecordingModel(torch.nn.Module):
+    """Stands in for the transformer: records each call's inputs, predicts a known action per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, rtg, states, actions, timesteps, mask):
+        self.calls.append([x.clone() for x in (rtg, states, actions, timesteps, mask)])
+        B, L = timesteps.shape
+        return torch.full((B, L, 2), 0.1 * len(self.calls)) + torch.arange(B).view(B, 1, 1) * 0.01
+
+
+def test_dt_evaluation_keeps_per_env_windows_and_decrements_the_target_by_each_reward():
+    from algos.dt import DT, ReturnConditionedActor
+
+    K, n, scale = 3, 2, 10.0
+    cfg = DTConfig(context=K, embed_dim=16, layers=1, rtg_scale=scale)
+    agent = DT.__new__(DT)  # only what evaluation reads: the model, normalizer, action box, config
+    agent.cfg, agent.model = cfg, RecordingModel()
+    agent.normalizer = lambda obs: obs * 2.0
+    agent.action_scale, agent.action_bias = torch.full((2,), 2.0), torch.zeros(2)
+    actor = ReturnConditionedActor(agent, target_return=100.0)
+    actor.reset(n)
+    observations = [torch.tensor([[t, 0.0, 0.0], [t, 1.0, 1.0]]) + 0.5 for t in range(5)]
+    rewards = [torch.tensor([1.0, 3.0]) * (t + 1) for t in range(5)]
+    executed = []
+    for obs, reward in zip(observations, rewards):
+        executed.append(actor(obs))
+        actor.observe(reward)
+    # step 5 (t = 4): the window holds steps 2, 3, 4 of each env
+    rtg, states, actions, timesteps, mask = agent.model.calls[-1]
+    assert timesteps.tolist() == [[2, 3, 4], [2, 3, 4]] and mask.all()
+    torch.testing.assert_close(states, torch.stack([o * 2.0 for o in observations[2:]], 1))
+    received = torch.cumsum(torch.stack(rewards), 0)  # [step, env]: rewards received after each step
+    expected_rtg = torch.stack([100.0 - received[t - 1] for t in (2, 3, 4)], 1) / scale
+    torch.testing.assert_close(rtg.squeeze(-1), expected_rtg)
+    # past actions are the unit-box predictions of calls 3 and 4; the current slot is zero
+    torch.testing.assert_close(actions[:, :2], torch.stack([executed[2], executed[3]], 1) / 2.0)
+    assert (actions[:, 2] == 0).all()
+    # before the window fills it grows from one step
+    assert agent.model.calls[0][3].tolist() == [[0], [0]] and agent.model.calls[1][3].tolist() == [[0, 1], [0, 1]]
+    torch.testing.assert_close(agent.model.calls[0][0].squeeze(-1), torch.full((n, 1), 100.0 / scale))
+
+
 def test_padded_positions_do_not_contribute_to_the_loss():
     predicted = torch.tensor([[[0.5], [9.0], [0.1]]], requires_grad=True)
     target = torch.tensor([[[0.0], [-9.0], [0.1]]])
