@@ -198,7 +198,7 @@ def test_rcsl_train_policy_learns_the_action_that_goes_with_each_return():
     ("rcsl", ["--hidden", "32", "--holdout-every", "40", "--conditioning", "average", "--head", "gaussian",
               "--eval.episodes", "2"]),
 ])
-def test_cli_smoke(tiny, tmp_path, algo, extra):
+def test_cli_smoke(tiny, tmp_path, algo, extra, capsys):
     result = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "120", "--log.every", "40", "--log.wandb", "disabled",
                      *extra, "--run.out-dir", str(tmp_path))
     assert "final normalized score" in result.stdout
@@ -210,6 +210,13 @@ def test_cli_smoke(tiny, tmp_path, algo, extra):
     if "--eval-targets" in extra:
         assert set(final["score_per_target"]) == {"200", "100"}
         assert "target return 100: normalized score" in result.stdout
+    if algo == "dt":  # the diagnostics of results/README run on any finished DT run
+        from benchmarks import dt_diagnostics
+
+        dt_diagnostics.main(["--dt", str(run_dir), "--episodes", "2"])
+        printed = capsys.readouterr().out
+        assert "eval-mode action MSE" in printed and all(f"  {v}: normalized score" in printed
+                                                         for v in ("clean", "noisy-context", "noisy-both"))
     report = assert_reevaluation_reproduces(run_dir)
     expected = {"dt": {"eval", "eval_half_target"}, "rcsl": {"eval", "eval_target_100"} if "--eval-targets" in extra else {"eval"}}
     assert set(report["results"]) == expected[algo]
