@@ -43,9 +43,10 @@ def bootstrap_ci(values: np.ndarray, statistic=iqm, draws: int = 2000, seed: int
 
 
 def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
-    """`offrl eval` of the run's final checkpoint, computed once and cached in the run folder."""
+    """`offrl eval` of the run's final checkpoint, computed once and cached in the run folder (again
+    when the checkpoint is newer than the cache: the run was continued)."""
     cache = run_dir / f"reeval-{episodes}ep-seed{seed}.json"
-    if cache.exists():
+    if cache.exists() and cache.stat().st_mtime >= (run_dir / "checkpoints" / "last.pt").stat().st_mtime:
         return json.loads(cache.read_text())
     from offrl.eval_run import evaluate_saved_run
 
