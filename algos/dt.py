@@ -37,6 +37,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.sequences import Segments, SequenceBuffer
 from offrl.errors import OffrlError
+from offrl.eval_run import target_policies
 from offrl.nets import MLP, Dropout
 from offrl.run import Run, cli_main
 
@@ -234,7 +235,7 @@ def eval_policies(cfg: Config, agent: DT, metadata: dict, targets=None) -> dict[
     """The run's score conditions on the expert-level target, and half of it is evaluated too; given
     `targets` (offrl eval --targets), those instead, the first as the score."""
     if targets:
-        return {"eval" if i == 0 else f"eval_target_{t:g}": ReturnConditionedActor(agent, t) for i, t in enumerate(targets)}
+        return target_policies(targets, lambda t: ReturnConditionedActor(agent, t))
     target = expert_target(cfg, metadata)
     return {"eval": ReturnConditionedActor(agent, target), "eval_half_target": ReturnConditionedActor(agent, target / 2)}
 

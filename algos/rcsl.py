@@ -37,6 +37,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import episode_timesteps, returns_to_go
+from offrl.eval_run import target_policies
 from offrl.nets import autocast, mlp
 from offrl.run import Run, cli_main
 
@@ -238,8 +239,7 @@ def eval_policies(cfg: Config, agent: RCSL, metadata: dict, targets=None) -> dic
     """The best hold-out weights, conditioned on each target (`targets`, else --eval-targets); the
     first target's score is the run's."""
     agent.restore_best()
-    targets = list(targets or cfg.eval_targets)
-    return {"eval" if i == 0 else f"eval_target_{t:g}": agent.policy.actor(t) for i, t in enumerate(targets)}
+    return target_policies(targets or cfg.eval_targets, agent.policy.actor)
 
 
 def train(cfg: Config) -> dict:
@@ -263,9 +263,9 @@ def train(cfg: Config) -> dict:
         else:
             run.checkpoint(step, state)
     per_target = {}
-    for target, (name, policy) in zip(targets, eval_policies(cfg, agent, data.metadata, targets).items()):
+    for name, policy in eval_policies(cfg, agent, data.metadata, targets).items():
         summary = run.evaluate(step, policy, data.metadata, force=True, prefix=None if name == "eval" else name)
-        per_target[f"{target:g}"] = summary.get(f"{name}/normalized_score")
+        per_target[f"{policy.target:g}"] = summary.get(f"{name}/normalized_score")
     for target, score in per_target.items():
         print(f"target return {target}: normalized score {score:.1f}" if score is not None else f"target {target}: -")
     return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_loss, "score_per_target": per_target})

@@ -19,25 +19,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
-from offrl import checkpoint as ckpt
-from offrl.config import from_dict
 from offrl.data import load_for_training
 from offrl.data.sequences import SequenceBuffer
+from offrl.eval_run import load_saved_run
 from offrl.evaluation import evaluate
 
 
-def load_agent(module, run_dir: Path):
-    state = ckpt.load(run_dir / "checkpoints" / "last.pt")
-    cfg = from_dict(module.Config, json.loads(state["config"]))
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    agent = module.Agent(cfg, data, torch.device("cpu"))
-    agent.load_state_dict(state["objects"]["agent"])
-    return agent, cfg, data
+def load_agent(run_dir: Path):
+    """A finished run's agent and config (as `offrl eval` rebuilds it) and its training data."""
+    _, cfg, agent, _, _, _ = load_saved_run(run_dir, device="cpu", threads=1)
+    return agent, cfg, load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
 
 
 class NoisyContextActor:
@@ -91,7 +86,7 @@ def noise_floor(policy_file: Path, dataset_id: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from algos import bc, dt
+    from algos import dt
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dt", type=Path, nargs="+", required=True, help="finished DT run folders")
@@ -106,10 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         floor, std = noise_floor(args.behaviour_policy, args.dataset)
         print(f"behaviour policy: data-to-mean-action MSE {floor:.4f}, per-state sample std {std:.3f}", flush=True)
     for run_dir in args.bc:
-        agent, _, data = load_agent(bc, run_dir)
+        agent, _, data = load_agent(run_dir)
         print(f"bc {run_dir}: eval-mode action MSE {bc_fit(agent, data):.4f}", flush=True)
     for run_dir in args.dt:
-        agent, cfg, data = load_agent(dt, run_dir)
+        agent, cfg, data = load_agent(run_dir)
         print(f"dt {run_dir}: eval-mode action MSE {dt_fit(agent, cfg, data):.4f}", flush=True)
         target = dt.expert_target(cfg, data.metadata)
         torch.manual_seed(0)

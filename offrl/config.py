@@ -92,9 +92,9 @@ class RunConfig:
     """Wrap the loss computation in torch.compile (about 10 s to compile)."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Gradient steps in float32, or under bfloat16 autocast: hidden-layer matmuls in bf16, output layers,
-    weights and optimizer state in float32 (CQL and DT updates 2.3-2.5x faster on this project's AVX512-BF16
-    CPU, results/speed-bf16.md; not measured on a GPU). Not bit-compatible with fp32: a run resumed with
-    the other precision continues with different numerics."""
+    weights and optimizer state in float32 (CQL and DT updates 2.3-2.8x faster on this project's AVX512-BF16
+    CPU, results/speed-bf16.md; not measured on a GPU). Not bit-compatible with fp32, so a run cannot be
+    resumed with the other precision."""
 
 
 @dataclass

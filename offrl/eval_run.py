@@ -56,11 +56,9 @@ def default_policies(cfg, agent, metadata: dict, targets: Sequence[float] | None
     return {"eval": agent.act}
 
 
-def evaluate_saved_run(path: str | Path, episodes: int | None = None, seed: int | None = None,
-                       device: str = "auto", targets: Sequence[float] | None = None,
-                       threads: int | None = None) -> dict[str, Any]:
-    """Rebuild the run saved at `path` and evaluate it; episodes and seed default to the run's own
-    (`eval.episodes`, seed + `eval.seed_offset`). Returns the summaries by policy name."""
+def load_saved_run(path: str | Path, device: str = "auto", threads: int | None = None):
+    """The run saved at `path`, rebuilt: (algorithm module, config, agent with the saved state, eval
+    metadata, checkpoint file, step)."""
     file = checkpoint_of(path)
     state = ckpt.load(file)
     algo, config = state.get("algo"), state.get("config")
@@ -74,16 +72,31 @@ def evaluate_saved_run(path: str | Path, episodes: int | None = None, seed: int 
     cfg.device = device
     if threads or cfg.run.threads:
         torch.set_num_threads(threads or cfg.run.threads)
-    dev = resolve_device(device)
     setup = getattr(module, "eval_setup", None) or (lambda c, d: default_setup(module, c, d))
-    agent, metadata = setup(cfg, dev)
+    agent, metadata = setup(cfg, resolve_device(device))
     ckpt.load_state_dicts({"agent": agent}, state["objects"], str(file))
+    return module, cfg, agent, metadata, file, int(state["step"])
+
+
+def evaluate_saved_run(path: str | Path, episodes: int | None = None, seed: int | None = None,
+                       device: str = "auto", targets: Sequence[float] | None = None,
+                       threads: int | None = None) -> dict[str, Any]:
+    """Rebuild the run saved at `path` and evaluate it; episodes and seed default to the run's own
+    (`eval.episodes`, seed + `eval.seed_offset`). Returns the summaries by policy name."""
+    module, cfg, agent, metadata, file, step = load_saved_run(path, device, threads)
     policies = getattr(module, "eval_policies", default_policies)(cfg, agent, metadata, targets)
     episodes = episodes or cfg.eval.episodes
     seed = cfg.seed + cfg.eval.seed_offset if seed is None else seed
     results = {}
     for name, policy in policies.items():
-        summary = evaluate(policy, metadata, episodes, seed, dev).summary()
+        summary = evaluate(policy, metadata, episodes, seed, resolve_device(device)).summary()
         results[name] = {k.split("/", 1)[1]: v for k, v in summary.items()}
-    return {"checkpoint": str(file), "algo": algo, "run_label": cfg.run_label, "step": int(state["step"]),
+    return {"checkpoint": str(file), "algo": module.__name__.split(".")[-1], "run_label": cfg.run_label, "step": step,
             "episodes": episodes, "seed": seed, "results": results}
+
+
+def target_policies(targets: Sequence[float], actor: Callable[[float], Callable]) -> dict[str, Callable]:
+    """Return-conditioned policies by name: the first target's is "eval" (the run's score), the others
+    "eval_target_<target>"; repeated targets are evaluated once."""
+    unique = list(dict.fromkeys(float(t) for t in targets))
+    return {"eval" if i == 0 else f"eval_target_{t:g}": actor(t) for i, t in enumerate(unique)}

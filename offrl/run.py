@@ -39,9 +39,25 @@ from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
 from offrl.nets import autocast
 
-# Top-level config fields that may change when a run is resumed: they do not change what is trained
-# (except run.precision, which _check_same_config refuses to change).
-RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run")
+# Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
+# they do not change what is trained. run.precision is not among them: it changes the numbers.
+RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
+                     "run.threads", "run.compile")
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{'run': {'threads': 1}} -> {'run.threads': 1}."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def resumable(path: str) -> bool:
+    return any(path == allowed or path.startswith(allowed + ".") for allowed in RESUMABLE_CHANGES)
 
 
 def seed_everything(seed: int) -> None:
@@ -144,14 +160,11 @@ class Run:
         raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
 
     def _check_same_config(self, state: dict) -> None:
-        saved = json.loads(state.get("config", "{}"))
+        saved, current = flatten(json.loads(state.get("config", "{}"))), flatten(self.config)
+        saved.setdefault("run.precision", "fp32")  # checkpoints from before the option trained in fp32
         # Options that did not exist when the run started are allowed: new options keep old behaviour by default.
-        changed = [(key, saved.get(key), self.config.get(key)) for key in sorted(saved)
-                   if key not in RESUMABLE_CHANGES and saved.get(key) != self.config.get(key)]
-        # run.* is bookkeeping, except the precision: it changes the numbers, and tables read one per run
-        old_precision = saved.get("run", {}).get("precision", "fp32")
-        if old_precision != self.cfg.run.precision:
-            changed.append(("run.precision", old_precision, self.cfg.run.precision))
+        changed = [(key, saved[key], current.get(key)) for key in sorted(saved)
+                   if not resumable(key) and saved[key] != current.get(key)]
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")

@@ -58,3 +58,10 @@ def test_bad_input_gets_a_clear_error(bc_run, tmp_path):
         evaluate_saved_run(bc_run, targets=[100.0])
     result = run_cli("offrl", "eval", str(tmp_path), check=False)
     assert result.returncode == 1 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_return_conditioned_policies_are_named_by_target_once_each():
+    from offrl.eval_run import target_policies
+
+    assert target_policies([300, 100.0, 300], lambda t: ("actor", t)) == {"eval": ("actor", 300.0),
+                                                                       "eval_target_100": ("actor", 100.0)}
