@@ -62,26 +62,21 @@ sweep_c=(python -m benchmarks.sweep --name rcsl-medium-expert --out-dir "$out" -
 
 python -m benchmarks.table "$out/dt-medium" "$out/bc-medium" --out results/dt-vs-bc-medium.md \
   --title "Decision Transformer vs BC on $medium" --command "$(quoted "${sweep_a[@]}"); $(quoted "${sweep_b[@]}")"
-python -m benchmarks.table "$out/dt-walker-medium-bf16-100k" "$out/bc-walker-medium-100k" --out results/dt-vs-bc-walker2d-medium.md \
-  --title "Decision Transformer vs BC on $walker: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
-  --metric eval/normalized_score --metric eval_half_target/normalized_score \
-  --command "$(quoted "${sweep_d[@]}"); $(quoted "${sweep_e[@]}")"
-# The same final checkpoints evaluated again with the paper's 100 episodes (fresh reset seeds): a more
-# precise final score per seed than training's 20 episodes. The table above stays the benchmark's verdict.
-python -m benchmarks.table "$out/dt-walker-medium-bf16-100k" "$out/bc-walker-medium-100k" --reevaluate 100 --reeval-seed 10000 \
-  --out results/dt-vs-bc-walker2d-medium-100ep.md \
-  --title "Decision Transformer vs BC on $walker, final checkpoints evaluated with 100 episodes: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
-  --metric eval/normalized_score --metric eval_half_target/normalized_score \
-  --command "$(quoted "${sweep_d[@]}"); $(quoted "${sweep_e[@]}")"
-python -m benchmarks.table "$out/dt-hopper-medium-bf16-100k" "$out/bc-hopper-medium-100k" --out results/dt-vs-bc-hopper-medium-100k.md \
-  --title "Decision Transformer vs BC on $medium at 100k steps: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
-  --metric eval/normalized_score --metric eval_half_target/normalized_score \
-  --command "$(quoted "${sweep_f[@]}"); $(quoted "${sweep_g[@]}")"
-python -m benchmarks.table "$out/dt-hopper-medium-bf16-100k" "$out/bc-hopper-medium-100k" --reevaluate 100 --reeval-seed 10000 \
-  --out results/dt-vs-bc-hopper-medium-100k-100ep.md \
-  --title "Decision Transformer vs BC on $medium at 100k steps, final checkpoints evaluated with 100 episodes: eval = DT conditioned on the expert return, eval_half_target = on half of it" \
-  --metric eval/normalized_score --metric eval_half_target/normalized_score \
-  --command "$(quoted "${sweep_f[@]}"); $(quoted "${sweep_g[@]}")"
+# A DT sweep against a BC sweep at the paper's budget: the table of training's final 20-episode
+# evaluations (the benchmark's verdict), then the same final checkpoints evaluated again with the
+# paper's 100 episodes from fresh reset seeds, a more precise final score per seed.
+dt_vs_bc_tables() {  # DT_SWEEP BC_SWEEP TABLE_NAME TITLE COMMAND
+  local targets="eval = DT conditioned on the expert return, eval_half_target = on half of it"
+  local metrics=(--metric eval/normalized_score --metric eval_half_target/normalized_score)
+  python -m benchmarks.table "$out/$1" "$out/$2" --out "results/$3.md" \
+    --title "$4: $targets" "${metrics[@]}" --command "$5"
+  python -m benchmarks.table "$out/$1" "$out/$2" --reevaluate 100 --reeval-seed 10000 --out "results/$3-100ep.md" \
+    --title "$4, final checkpoints evaluated with 100 episodes: $targets" "${metrics[@]}" --command "$5"
+}
+dt_vs_bc_tables dt-walker-medium-bf16-100k bc-walker-medium-100k dt-vs-bc-walker2d-medium \
+  "Decision Transformer vs BC on $walker" "$(quoted "${sweep_d[@]}"); $(quoted "${sweep_e[@]}")"
+dt_vs_bc_tables dt-hopper-medium-bf16-100k bc-hopper-medium-100k dt-vs-bc-hopper-medium-100k \
+  "Decision Transformer vs BC on $medium at 100k steps" "$(quoted "${sweep_f[@]}"); $(quoted "${sweep_g[@]}")"
 python -m benchmarks.table "$out/rcsl-medium-expert" --out results/rcsl-conditioning-medium-expert.md \
   --title "RCSL on $mixed: eval = conditioned on the expert return $expert_return, eval_target_$medium_return = on the medium return" \
   --metric eval/normalized_score --metric "eval_target_$medium_return/normalized_score" --command "$(quoted "${sweep_c[@]}")"
