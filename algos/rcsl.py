@@ -211,12 +211,16 @@ def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cp
                  normalizer: StateNormalizer | None = None, action_low=None, action_high=None) -> RCSLPolicy:
     """Train an RCSL policy on any dataset (e.g. model rollouts) with hold-out early stopping; returns
     the best policy. `dataset` observations must already be normalized by `normalizer` (if any).
-    `cfg.run.precision` applies to the gradient steps as in `train`."""
+    `cfg.run.precision` applies to the gradient steps as in `train`. `seed` fixes everything random:
+    the network's initialization (drawn from a forked RNG, so the caller's global RNG is left as it
+    was), the hold-out split and the batches; one seed gives one policy."""
     device = torch.device(device)
     normalizer = normalizer or StateNormalizer(None, None, device)
     low = action_low if action_low is not None else dataset.actions.min(0)
     high = action_high if action_high is not None else dataset.actions.max(0)
-    agent = RCSL(cfg, dataset, normalizer, low, high, device, seed)
+    with torch.random.fork_rng(devices=[]):  # the network is initialized on the CPU, then moved
+        torch.manual_seed(seed)
+        agent = RCSL(cfg, dataset, normalizer, low, high, device, seed)
     for step in range(1, cfg.steps + 1):
         with autocast(device, cfg.run.precision):
             agent.update(cfg.batch_size)

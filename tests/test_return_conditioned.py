@@ -179,7 +179,6 @@ def test_rcsl_train_policy_learns_the_action_that_goes_with_each_return():
         cfg = RCSLConfig(hidden=(64, 64), conditioning="average", steps=1500, batch_size=64, holdout_every=100,
                          patience=3)
         cfg.run.precision = precision
-        torch.manual_seed(0)  # the network's initialization; train_policy's seed covers split and batches
         policy = train_policy(dataset, cfg, seed=0, action_low=[-1.0], action_high=[1.0])
         high = policy.act(states, torch.full((50,), 10.0), start)
         low = policy.act(states, torch.zeros(50), start)
@@ -190,6 +189,30 @@ def test_rcsl_train_policy_learns_the_action_that_goes_with_each_return():
         assert (high > 0.3).all() and (low < -0.3).all()
         actions[precision] = high
     assert not torch.equal(actions["fp32"], actions["bf16"])
+
+
+def test_rcsl_train_policy_seed_fixes_the_policy_and_leaves_the_global_rng_alone():
+    """MBRCSL trains one policy per seed on rollouts: the same seed must give the same weights,
+    whatever the caller's global RNG did before, and the call must not move that RNG."""
+    rng = np.random.default_rng(1)
+    n, length = 60, 10
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    timeouts = np.zeros(n, np.float32)
+    timeouts[length - 1::length] = 1
+    dataset = Dataset(obs, rng.uniform(-1, 1, size=(n, 2)).astype(np.float32), rng.normal(size=n).astype(np.float32),
+                      obs, np.zeros(n, np.float32), timeouts, np.arange(0, n, length), {"name": "random"}).validate()
+    cfg = RCSLConfig(hidden=(16, 16), steps=20, batch_size=8, holdout_every=10, patience=5)
+
+    def weights(seed, global_seed):
+        torch.manual_seed(global_seed)
+        before = torch.random.get_rng_state()
+        policy = train_policy(dataset, cfg, seed=seed, action_low=[-1.0, -1.0], action_high=[1.0, 1.0])
+        assert torch.equal(torch.random.get_rng_state(), before)
+        return torch.cat([p.detach().flatten() for p in policy.parameters()])
+
+    first = weights(seed=3, global_seed=0)
+    assert torch.equal(first, weights(seed=3, global_seed=123))
+    assert not torch.equal(first, weights(seed=4, global_seed=0))
 
 
 @pytest.mark.parametrize("algo, extra", [
