@@ -8,6 +8,11 @@ A variant is `label=algo [extra options]`, e.g. `--variant "iql-corrupt=iql --da
 Run i of a variant lives in <out-dir>/<name>/<label>/<algo>/<dataset>/<seed>-sweep/. Rerunning the same
 command skips finished runs and continues interrupted ones from their last checkpoint (--resume auto),
 so a sweep can span sessions. Two 1-thread processes beat one 2-thread process on 2 cores (MEASURED.md).
+
+At a sweep's tail fewer runs are left than --jobs, and cores idle. With --spread-threads the sweep then
+stops a running run (SIGTERM: it finishes its step and saves a checkpoint) and resumes it at once with
+the idle cores as extra threads (`--run.threads` is a setting a resume may change). A run's threads only
+grow, so each is restarted at most a few times; threads change float reductions, not the algorithm.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -43,9 +49,12 @@ class Job:
         final = self.run_dir / "final.json"
         return final.exists() and json.loads(final.read_text()).get("steps") == self.steps
 
-    def command(self, common: list[str]) -> list[str]:
+    def has_checkpoint(self) -> bool:
+        return (self.run_dir / "checkpoints" / "last.pt").exists()
+
+    def command(self, common: list[str], threads: int = 1) -> list[str]:
         return [sys.executable, "-m", f"algos.{self.algo}", "--dataset", self.dataset, "--seed", str(self.seed),
-                "--steps", str(self.steps), "--run.threads", "1", "--run.out-dir", str(self.out_dir / self.label),
+                "--steps", str(self.steps), "--run.threads", str(threads), "--run.out-dir", str(self.out_dir / self.label),
                 "--log.name", f"{self.seed}-sweep", "--log.wandb", "disabled", "--log.no-progress",
                 "--resume", "auto", *common, *self.extra]
 
@@ -65,31 +74,61 @@ def jobs_of(args) -> list[Job]:
             for dataset in args.datasets for seed in args.seeds]
 
 
-def run(jobs: list[Job], common: list[str], parallel: int) -> list[Job]:
+@dataclass
+class Running:
+    job: Job
+    proc: subprocess.Popen
+    start: float
+    threads: int
+    respawn_threads: int | None = None  # set once the run was asked to stop for a restart with more threads
+
+
+def thread_shares(cores: int, runs: int) -> list[int]:
+    """Cores split over `runs` processes, the first ones taking the remainder: (5, 2) -> [3, 2]."""
+    return [cores // runs + (i < cores % runs) for i in range(runs)]
+
+
+def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen:
+    job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    with open(job.run_dir.parent / f"{job.seed}-sweep.log", "a") as log:  # the child keeps its own handle
+        return subprocess.Popen(job.command(common, threads), stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False) -> list[Job]:
     """Run the unfinished jobs, `parallel` at a time; returns the ones that failed."""
     pending = [j for j in jobs if not j.done()]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to go", flush=True)
-    running: list[tuple[Job, subprocess.Popen, float]] = []
+    running: list[Running] = []
     failed = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     while pending or running:
         while pending and len(running) < parallel:
             job = pending.pop(0)
-            job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-            log = open(job.run_dir.parent / f"{job.seed}-sweep.log", "a")
-            proc = subprocess.Popen(job.command(common), stdout=log, stderr=subprocess.STDOUT, env=env)
-            running.append((job, proc, time.time()))
+            running.append(Running(job, launch(job, common, 1), time.time(), 1))
             print(f"start {job.label} {job.dataset} seed {job.seed}", flush=True)
+        if spread_threads and not pending and running:
+            for entry, share in zip(running, thread_shares(parallel, len(running))):
+                # only a run with a checkpoint: one stopped before its first would resume in a new folder
+                if share > entry.threads and entry.respawn_threads is None and entry.job.has_checkpoint():
+                    entry.respawn_threads = share
+                    entry.proc.send_signal(signal.SIGTERM)
         time.sleep(2)
         for entry in list(running):
-            job, proc, start = entry
-            if proc.poll() is not None:
-                running.remove(entry)
-                ok = proc.returncode == 0 and job.done()
-                print(f"{'done' if ok else 'FAILED'} {job.label} {job.dataset} seed {job.seed} "
-                      f"({(time.time() - start) / 60:.1f} min, exit {proc.returncode})", flush=True)
-                if not ok:
-                    failed.append(job)
+            job, proc = entry.job, entry.proc
+            if proc.poll() is None:
+                continue
+            if entry.respawn_threads is not None and not job.done():
+                entry.proc, entry.threads = launch(job, common, entry.respawn_threads), entry.respawn_threads
+                entry.respawn_threads = None
+                print(f"resume {job.label} {job.dataset} seed {job.seed} with {entry.threads} threads", flush=True)
+                continue
+            running.remove(entry)
+            # a run told to stop may have been past its last step already, finishing as the signal came
+            ok = job.done() and (proc.returncode == 0 or entry.respawn_threads is not None)
+            print(f"{'done' if ok else 'FAILED'} {job.label} {job.dataset} seed {job.seed} "
+                  f"({(time.time() - entry.start) / 60:.1f} min, exit {proc.returncode})", flush=True)
+            if not ok:
+                failed.append(job)
     return failed
 
 
@@ -103,8 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one per core)")
     parser.add_argument("--common", default="", help="options for every run, e.g. '--eval.every 10000'")
+    parser.add_argument("--spread-threads", action="store_true",
+                        help="when fewer runs are left than --jobs, restart them with the idle cores as threads")
     args = parser.parse_args(argv)
-    failed = run(jobs_of(args), shlex.split(args.common), args.jobs)
+    failed = run(jobs_of(args), shlex.split(args.common), args.jobs, args.spread_threads)
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed; see their logs next to the run folders")
 

@@ -44,7 +44,7 @@ def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
                    "--out", str(tmp_path / "t.md")).stdout
     rows = [line for line in text.splitlines() if line.startswith("| bc") or line.startswith("| td3")]
     assert len(rows) == 2 and all("| 2 |" in r for r in rows)
-    assert "Seeds [0, 1]; 60 gradient steps; each evaluation 2 episodes" in text
+    assert "Seeds [0, 1]; 60 gradient steps; each evaluation 2 episodes" in text and "one thread per run" in text
     assert (tmp_path / "t.md").read_text().strip() == text.strip()
     two = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--metric", "eval/normalized_score",
                   "--metric", "eval/return_mean").stdout
@@ -80,3 +80,42 @@ def test_speed_benchmark_reports_every_algorithm(precision, tmp_path):
     assert all(r["median_ms"] > 0 and r["gflop_per_update"] > 0 for r in run["results"])
     table = (tmp_path / "speed.md").read_text()
     assert "| 1 | dt | 64 |" in table and ("bfloat16" in table) == (precision == "bf16")
+
+
+FAKE_RUN = """
+import json, pathlib, signal, sys, time
+run_dir, threads, steps = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+(run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+with open(run_dir.parent / "launches.txt", "a") as f:
+    f.write(f"{run_dir.name} {threads}\\n")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+(run_dir / "checkpoints" / "last.pt").write_text("")
+if threads == 1:
+    time.sleep(60)  # a 1-thread run only ends when the sweep stops it
+(run_dir / "final.json").write_text(json.dumps({"steps": steps}))
+"""
+
+
+class FakeJob(sweep.Job):
+    """A run that finishes only when launched with 2 threads, so the test does not race the sweep."""
+
+    def command(self, common, threads=1):
+        return [PYTHON, "-c", FAKE_RUN, str(self.run_dir), str(threads), str(self.steps)]
+
+
+def test_spread_threads_restarts_the_last_run_with_the_idle_cores(tmp_path):
+    lone = FakeJob("fake", "bc", [], "d", 0, 10, tmp_path)
+    assert sweep.run([lone], [], parallel=2, spread_threads=True) == []
+    assert (lone.run_dir.parent / "launches.txt").read_text().split("\n")[:-1] == ["0-sweep 1", "0-sweep 2"]
+    assert sweep.thread_shares(5, 2) == [3, 2] and sweep.thread_shares(2, 2) == [1, 1]
+
+
+def test_table_caption_states_threads_a_resume_changed():
+    run = {"final": 50.0, "best": 60.0, "seed": 0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
+           "env": {"processor": "x86_64", "cpu_count": 2, "device": "cpu"}, "wall": None, "threads": 1}
+    runs = [{**run, "seed": seed, "run_dir": f"{seed}-sweep", "threads": 1 + (seed == 2)} for seed in range(3)]
+    two_metrics = {("bc [eval]", "d"): runs, ("bc [eval_half_target]", "d"): runs}  # each run counted once
+    mixed = table.render(two_metrics, "t", None)
+    assert "from 3 runs" in mixed and "threads per run as last resumed: 2 at 1, 1 at 2" in mixed
+    assert "one thread per run" not in mixed
+    assert "one thread per run" in table.render({("bc", "d"): runs[:2]}, "t", None)
