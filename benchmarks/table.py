@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from offrl.checkpoint import run_checkpoint
+
 
 def iqm(values: np.ndarray) -> float:
     """Interquartile mean: the mean of the values left after dropping the lowest and highest 25%
@@ -46,7 +48,7 @@ def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
     """`offrl eval` of the run's final checkpoint, computed once and cached in the run folder (again
     when the checkpoint is newer than the cache: the run was continued)."""
     cache = run_dir / f"reeval-{episodes}ep-seed{seed}.json"
-    if cache.exists() and cache.stat().st_mtime >= (run_dir / "checkpoints" / "last.pt").stat().st_mtime:
+    if cache.exists() and cache.stat().st_mtime >= run_checkpoint(run_dir).stat().st_mtime:
         return json.loads(cache.read_text())
     from offrl.eval_run import evaluate_saved_run
 

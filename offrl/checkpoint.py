@@ -15,6 +15,12 @@ import torch
 from offrl.errors import CheckpointError
 
 
+
+def run_checkpoint(run_dir: str | os.PathLike) -> Path:
+    """Where a run folder keeps its latest checkpoint (written by offrl.run, found by resume, eval, sweeps)."""
+    return Path(run_dir) / "checkpoints" / "last.pt"
+
+
 def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ def checkpoint_of(path: str | Path) -> Path:
     """A run folder's checkpoint, or the checkpoint file itself."""
     path = Path(path)
     if path.is_dir():
-        path = path / "checkpoints" / "last.pt"
+        path = ckpt.run_checkpoint(path)
         if not path.is_file():
             raise CheckpointError(f"{path.parent.parent}: not a run folder with a checkpoint (no checkpoints/last.pt)")
     elif not path.exists():

@@ -84,7 +84,7 @@ class Run:
         else:
             name = cfg.log.name or f"{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.dir = self._unique(Path(cfg.run.out_dir) / algo / self.dataset_name / name)
-        self.checkpoint_path = self.dir / "checkpoints" / "last.pt"
+        self.checkpoint_path = ckpt.run_checkpoint(self.dir)
         self.start_step = 0
         self.best_score: float | None = None
         self.last_eval: dict[str, float] = {}
@@ -145,16 +145,16 @@ class Run:
         'auto': the same, or None (start a new run) when there is none."""
         if resume in ("latest", "auto"):
             base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
-            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if (p / "checkpoints" / "last.pt").exists()),
-                                key=lambda p: (p / "checkpoints" / "last.pt").stat().st_mtime)
+            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if ckpt.run_checkpoint(p).exists()),
+                                key=lambda p: ckpt.run_checkpoint(p).stat().st_mtime)
             if not candidates:
                 if resume == "auto":
                     return None
                 raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{self.cfg.seed}-*")
-            return candidates[-1], candidates[-1] / "checkpoints" / "last.pt"
+            return candidates[-1], ckpt.run_checkpoint(candidates[-1])
         path = Path(resume)
         if path.is_dir():
-            return path, path / "checkpoints" / "last.pt"
+            return path, ckpt.run_checkpoint(path)
         if path.is_file():
             return path.parent.parent, path
         raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
