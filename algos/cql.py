@@ -6,7 +6,7 @@ critic i:
 
     y      = r + gamma * (1 - d) * min_j Q_targ_j(s', a'),  a' ~ pi(.|s')        (deterministic backup:
              no entropy term; `--max-target-backup`: max over N sampled a' of the min over critics)
-    L_TD_i = 1/2 * mean (Q_i(s, a) - y)^2
+    L_TD_i = mean (Q_i(s, a) - y)^2        (plain MSE as in every reference code; the paper's 1/2 is in no code)
     X      = { Q_i(s, u_k) - log U(u_k) } U { Q_i(s, a_k) - log pi(a_k|s) } U { Q_i(s, a'_k) - log pi(a'_k|s') },
              k = 1..N,  u_k ~ Uniform(action box),  a_k ~ pi(.|s),  a'_k ~ pi(.|s')   (log-probs detached)
     gap_i  = mean_s [ T * logsumexp(X / T) ] - mean_D Q_i(s, a)
@@ -17,10 +17,11 @@ Actor (SAC with auto-entropy, target -|A|): mean (alpha_ent * log pi(a~|s) - min
 `bc_steps` steps mean (alpha_ent * log pi(a~|s) - log pi(a_D|s)) (official BC warm start).
 Targets: Polyak tau every step.
 
-Defaults (FACTS.md section 4): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4, policy lr
-1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, states
-normalized (std + 1e-3), as the official README's recommended command and OfflineRL-Kit (CORL uses
-cql_alpha 10 and policy lr 3e-5). `--num-critics 10 --layer-norm` is WSRL's pre-training setup.
+Defaults (FACTS.md sections 4 and 17): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4,
+policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, raw
+(unnormalized) states, as the official README's recommended command and OfflineRL-Kit, neither of which
+normalizes states. CORL differs in three places, each one flag away: `--cql-alpha 10 --actor-lr 3e-5
+--data.normalize-states` (std + 1e-3). `--num-critics 10 --layer-norm` is WSRL's pre-training setup.
 
 Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,
 uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are both computed
@@ -32,12 +33,12 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from offrl.checkpoint import Stateful
-from offrl.config import DataConfig, TrainConfig
+from offrl.config import TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 from offrl.run import Run, cli_main
@@ -81,7 +82,6 @@ class Config(TrainConfig):
     """Initial entropy temperature."""
     target_entropy: float | None = None
     """Target entropy (default -action_dim)."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
 
 
 def cql_gap(q_data: torch.Tensor, q_uniform: torch.Tensor, q_pi: torch.Tensor, q_next_pi: torch.Tensor,
@@ -148,7 +148,7 @@ class CQL(Stateful):
         q_all = self.critic(all_obs, all_actions)
         q_data = q_all[:, :B]
         q_uniform, q_pi, q_next_pi = q_all[:, B:].reshape(q_all.shape[0], 3, B, n).unbind(dim=1)
-        td_loss = 0.5 * ((q_data - target) ** 2).mean(dim=1)
+        td_loss = ((q_data - target) ** 2).mean(dim=1)
         gap = cql_gap(q_data, q_uniform, q_pi, q_next_pi, self.log_uniform, log_pi.view(B, n),
                       log_next_pi.view(B, n), cfg.temperature)
         if cfg.lagrange:

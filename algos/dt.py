@@ -155,7 +155,6 @@ class DT(Stateful):
         return dt_loss(predicted, unit_actions, batch.mask)
 
     def update(self, batch: Segments) -> dict[str, torch.Tensor]:
-        self.model.train()
         loss = self._loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -194,7 +193,6 @@ class ReturnConditionedActor:
 
     def __call__(self, obs: torch.Tensor) -> torch.Tensor:
         model, n = self.agent.model, obs.shape[0]
-        model.eval()
         i = self._window_slot(obs.shape[1], obs.device)
         self.states[:, i] = self.agent.normalizer(obs)
         self.rtg[:, i] = self.next_rtg

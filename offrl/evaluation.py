@@ -3,9 +3,11 @@ policy call per step, scored against the dataset's reference returns."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -37,6 +39,60 @@ def make_vector_env(metadata: dict, num_envs: int) -> gym.vector.VectorEnv:
     return gym.vector.SyncVectorEnv([lambda: gym.make(spec) for _ in range(num_envs)])
 
 
+def reachable_modules(obj: Any, depth: int = 4) -> list[torch.nn.Module]:
+    """The top-level `nn.Module`s a policy can reach: the policy itself, the object a bound method
+    belongs to, a closure's or partial's captured values, and (recursively, `depth` levels) the
+    attributes, lists and dicts of plain objects. A module's own submodules are not listed: `eval()`
+    of the module covers them."""
+    found: dict[int, torch.nn.Module] = {}
+    seen: set[int] = set()
+
+    def visit(x: Any, level: int) -> None:
+        if id(x) in seen or level < 0 or x is None or isinstance(x, (str, bytes, int, float, bool, torch.Tensor)):
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.nn.Module):
+            found.setdefault(id(x), x)
+            return
+        if hasattr(x, "__self__") and hasattr(x, "__func__"):  # a bound method
+            visit(x.__self__, level)
+            return
+        if isinstance(x, functools.partial):
+            for item in (x.func, *x.args, *x.keywords.values()):
+                visit(item, level - 1)
+            return
+        if callable(x) and getattr(x, "__closure__", None):
+            for cell in x.__closure__:
+                with contextlib.suppress(ValueError):  # an empty cell
+                    visit(cell.cell_contents, level - 1)
+        if isinstance(x, dict):
+            items = list(x.values())
+        elif isinstance(x, (list, tuple, set)):
+            items = list(x)
+        else:
+            items = list(getattr(x, "__dict__", {}).values())
+        for item in items:
+            visit(item, level - 1)
+
+    visit(obj, depth)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def eval_mode(*objects: Any) -> Iterator[None]:
+    """Put every module `objects` reach (see `reachable_modules`) in eval mode (dropout off, batch
+    norm on running statistics) and restore each submodule's own training flag afterwards."""
+    modules = [m for obj in objects for m in reachable_modules(obj)]
+    flags = [(sub, sub.training) for module in modules for sub in module.modules()]
+    try:
+        for module in modules:
+            module.eval()
+        yield
+    finally:
+        for sub, training in flags:
+            sub.training = training
+
+
 @dataclass
 class EvalResult:
     returns: np.ndarray
@@ -59,7 +115,14 @@ def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, epi
     of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space).
 
     A stateful policy (Decision Transformer, RCSL) may also have `reset(n)`, called before the
-    episodes, and `observe(rewards)`, called after every step with the rewards [n] on `device`."""
+    episodes, and `observe(rewards)`, called after every step with the rewards [n] on `device`.
+    Every module the policy reaches runs in eval mode (no dropout) and gets its training flags back
+    afterwards."""
+    with eval_mode(policy):
+        return _evaluate(policy, metadata, episodes, seed, device, envs)
+
+
+def _evaluate(policy, metadata, episodes, seed, device, envs) -> EvalResult:
     own_envs = envs is None
     envs = envs or make_vector_env(metadata, episodes)
     if envs.num_envs != episodes:

@@ -52,3 +52,55 @@ def test_vector_evaluation_matches_single_env_rollouts(tiny):
     assert result.lengths.max() <= 200
     summary = result.summary()
     assert summary["eval/normalized_score"] == pytest.approx(result.normalized.mean())
+
+
+class RecordingPolicy:
+    """Wraps a policy and keeps every batch of actions it returned."""
+
+    def __init__(self, policy):
+        self.policy, self.actions = policy, []
+
+    def __call__(self, obs):
+        action = self.policy(obs)
+        self.actions.append(action.clone())
+        return action
+
+
+def test_evaluation_runs_dropout_actors_in_eval_mode_and_restores_training(tiny):
+    from algos.iql import IQL, Config
+    from offrl.data import load_for_training
+
+    cfg = Config(dataset=tiny, actor_dropout=0.5, hidden=(32, 32))
+    data = load_for_training(tiny, cfg.data)
+    torch.manual_seed(0)
+    agent = IQL(cfg, data, torch.device("cpu"))
+    agent.value.eval()  # a module someone left in eval mode keeps it
+    obs = torch.randn(8, data.obs_dim)
+    assert not torch.equal(agent.act(obs), agent.act(obs))  # training mode: dropout is on
+    first, second = RecordingPolicy(agent.act), RecordingPolicy(agent.act)
+    a = evaluate(first, data.metadata, episodes=3, seed=0)
+    b = evaluate(second, data.metadata, episodes=3, seed=0)
+    assert len(first.actions) == len(second.actions)
+    for x, y in zip(first.actions, second.actions):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    np.testing.assert_array_equal(a.returns, b.returns)
+    assert agent.actor.training and all(m.training for m in agent.actor.modules())
+    assert not agent.value.training
+
+
+def test_reachable_modules_follow_methods_closures_and_attributes():
+    from offrl.evaluation import reachable_modules
+
+    inner, outer = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+
+    class Holder:
+        def __init__(self):
+            self.nets = {"a": inner}
+
+        def act(self, x):
+            return x
+
+    holder = Holder()
+    assert reachable_modules(holder.act) == [inner]
+    assert reachable_modules(lambda x: outer(holder.act(x))) in ([outer, inner], [inner, outer])
+    assert reachable_modules(torch.nn.Sequential(inner)) != [inner]  # a module is listed itself, not its children

@@ -98,3 +98,29 @@ def test_cli_smoke(tiny, tmp_path, algo, extra):
         hits = np.load(run_dir / "corruption.npz")["rows"]
         assert recorded["corruption"]["rows_hit"] == len(hits) > 0
         assert recorded["trained_checksum"] != recorded["checksum"]
+
+
+def test_cql_bellman_term_is_plain_mse(tiny):
+    """With gamma 0 the TD target is the reward, so with no penalty the critic loss is
+    sum_i mean (Q_i(s, a) - r)^2: plain MSE as in the official code, CORL and OfflineRL-Kit (no 1/2)."""
+    from algos.cql import CQL, Config
+    from offrl.data import load_for_training
+
+    cfg = Config(dataset=tiny, gamma=0.0, cql_alpha=0.0, hidden=(16, 16))
+    data = load_for_training(tiny, cfg.data)
+    agent = CQL(cfg, data, torch.device("cpu"))
+    batch = data.buffer("cpu", seed=0).sample(32)
+    loss, metrics = agent.critic_loss(batch)
+    with torch.no_grad():
+        q = agent.critic(batch.observations, batch.actions)  # [E, B]
+        expected = ((q - batch.rewards) ** 2).mean(dim=1).sum()
+    torch.testing.assert_close(loss.detach(), expected)
+    torch.testing.assert_close(metrics["td_loss"], expected / cfg.num_critics)
+
+
+def test_cql_defaults_follow_the_official_code():
+    from algos.cql import Config
+
+    cfg = Config()
+    assert not cfg.data.normalize_states  # neither the official code nor OfflineRL-Kit normalizes states
+    assert (cfg.cql_alpha, cfg.actor_lr, cfg.critic_lr, cfg.hidden) == (5.0, 1e-4, 3e-4, (256, 256, 256))
