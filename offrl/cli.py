@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     info.add_argument("--json", action="store_true", help="print JSON")
     validate = dsub.add_parser("validate", help="check a dataset's fields and its env's spaces")
     validate.add_argument("source", help="Minari id, .hdf5 (D4RL format) or .npz path")
-    validate.add_argument("--env-id", help="evaluation env id for files that do not record one")
+    validate.add_argument("--env-id", help="evaluation env id for files that do not record one "
+                                           "('module:EnvId' for an env another package registers)")
+    validate.add_argument("--ref-min-score", type=float, help="reference random return (as --data.ref-min-score)")
+    validate.add_argument("--ref-max-score", type=float, help="reference expert return (as --data.ref-max-score)")
     make = dsub.add_parser("make", help="generate an offrl dataset as a local Minari dataset",
                            description="Make a suite dataset by id, all of them (--all), or your own from a policy "
                                        "file (--env --policy --steps --id). Policy files: offrl-actor-v1 files "
@@ -174,7 +177,10 @@ def datasets_validate(args) -> None:
     from offrl.data import check_env_compat, load_dataset
     from offrl.evaluation import make_env
 
-    dataset = load_dataset(args.source, env_id=args.env_id)
+    from offrl.data.sources import missing_reference_scores
+
+    dataset = load_dataset(args.source, env_id=args.env_id, ref_min_score=args.ref_min_score,
+                           ref_max_score=args.ref_max_score)
     env = make_env(dataset.metadata)
     try:
         check_env_compat(dataset, env.observation_space, env.action_space)
@@ -182,6 +188,10 @@ def datasets_validate(args) -> None:
         env.close()
     print(f"ok: {args.source}: {len(dataset)} transitions, {dataset.num_episodes} episodes, "
           f"env {dataset.metadata.get('env_id')}, checksum {dataset.metadata['checksum']}")
+    meta = dataset.metadata
+    warning = missing_reference_scores(meta)
+    print(f"warning: {warning}" if warning else
+          f"reference scores: min {meta['ref_min_score']:.6g}, max {meta['ref_max_score']:.6g} ({meta.get('ref_source')})")
 
 
 def datasets_make(args) -> None:

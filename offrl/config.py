@@ -15,7 +15,13 @@ class DataConfig:
     """Where the dataset's evaluation env comes from and how the data is preprocessed."""
 
     env_id: Optional[str] = None
-    """Evaluation env id (e.g. Hopper-v5); default: the one the dataset records."""
+    """Evaluation env id (e.g. Hopper-v5); default: the one the dataset records. An env registered by another
+    package is named 'module:EnvId' (e.g. gymnasium_robotics:AdroitHandDoor-v1): the module is imported first."""
+    ref_min_score: Optional[float] = None
+    """Reference return of a random policy (normalized score 0); overrides the dataset's. Needed for normalized
+    scores on data that records none."""
+    ref_max_score: Optional[float] = None
+    """Reference return of an expert (normalized score 100); overrides the dataset's. Also DT's default target."""
     download: bool = False
     """Fetch a Minari dataset that is not local (needs network and `minari[hf]`)."""
     make_if_missing: bool = True
@@ -86,8 +92,11 @@ class RunConfig:
     """Runs go to <out_dir>/<algo>/<dataset>/<name>/."""
     checkpoint_every: int = 50_000
     """Write checkpoints/last.pt every this many steps (and at the end)."""
-    threads: Optional[int] = None
-    """torch CPU threads (default: torch's choice)."""
+    threads: int = 1
+    """torch CPU threads; 0 = torch's default (one per core). One thread by default: two multi-threaded torch
+    processes on the same cores slow each other down by 20x or more (results/speed.md), one thread each
+    degrades gracefully. Use all cores by running seeds in parallel (`python -m benchmarks.sweep --jobs N`),
+    or give a lone run `--run.threads N`."""
     compile: bool = False
     """Wrap the loss computation in torch.compile (about 10 s to compile)."""
     precision: Literal["fp32", "bf16"] = "fp32"

@@ -30,13 +30,28 @@ def env_spec_from_metadata(metadata: dict):
 
 
 def make_env(metadata: dict) -> gym.Env:
-    return gym.make(env_spec_from_metadata(metadata))
+    """The dataset's evaluation env. An env another package registers is found when its id is written
+    'module:EnvId' (gymnasium imports the module, which registers it) or when the recorded spec's entry
+    point names the package; otherwise the error says how to name it."""
+    return _make(env_spec_from_metadata(metadata), metadata)
 
 
 def make_vector_env(metadata: dict, num_envs: int) -> gym.vector.VectorEnv:
     spec = env_spec_from_metadata(metadata)
     # SyncVectorEnv: on 2 cores AsyncVectorEnv's process overhead makes it slower (MEASURED.md).
-    return gym.vector.SyncVectorEnv([lambda: gym.make(spec) for _ in range(num_envs)])
+    return gym.vector.SyncVectorEnv([lambda: _make(spec, metadata) for _ in range(num_envs)])
+
+
+def _make(spec, metadata: dict) -> gym.Env:
+    try:
+        return gym.make(spec)
+    except (gym.error.UnregisteredEnv, ModuleNotFoundError) as exc:
+        from offrl.errors import DatasetError
+
+        name = spec if isinstance(spec, str) else spec.id
+        raise DatasetError(metadata.get("name", "dataset"), f"cannot make evaluation env '{name}': {exc} An env "
+                           "registered by another package is named 'module:EnvId' (e.g. --data.env-id "
+                           "gymnasium_robotics:AdroitHandDoor-v1); install that package first") from None
 
 
 def reachable_modules(obj: Any, depth: int = 4) -> list[torch.nn.Module]:

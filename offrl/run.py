@@ -72,7 +72,7 @@ class Run:
         corrupted rows) is written to the run folder."""
         self.algo, self.cfg = algo, cfg
         self.device = resolve_device(cfg.device)
-        if cfg.run.threads:
+        if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.seed)
         self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
@@ -179,6 +179,11 @@ class Run:
                    "normalized_states": pre.obs_mean is not None, "reward_scale": pre.reward_scale,
                    "reward_bias": pre.reward_bias, "return_weighted_sampling": data.sample_weights is not None}
         (self.dir / "dataset.json").write_text(json.dumps(record, indent=2, default=str))
+        from offrl.data.sources import missing_reference_scores
+
+        warning = missing_reference_scores(meta)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         if data.corruption is not None:
             from offrl.data import corruption
 

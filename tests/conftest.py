@@ -36,7 +36,7 @@ def tiny(minari_root):
 
 def run_cli(*args, cwd=None, timeout=300, check=True):
     """Run a command line as a user would (python -m ... / offrl ...) and return the result."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(list(args), cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")

@@ -31,10 +31,12 @@ def is_file_source(source: str) -> bool:
     return source.endswith(FILE_SUFFIXES) or os.path.sep in source and os.path.exists(source)
 
 
-def load_dataset(source: str, env_id: str | None = None, download: bool = False) -> Dataset:
+def load_dataset(source: str, env_id: str | None = None, download: bool = False,
+                 ref_min_score: float | None = None, ref_max_score: float | None = None) -> Dataset:
     """Load by Minari id or by path (`.hdf5`/`.h5` = D4RL format, `.npz` = offrl format).
 
-    `env_id` overrides (or supplies, for files that lack it) the evaluation environment."""
+    `env_id` overrides (or supplies, for files that lack it) the evaluation environment;
+    `ref_min_score` / `ref_max_score` override (or supply) the reference returns of normalized scores."""
     if is_file_source(source):
         path = Path(source)
         if not path.exists():
@@ -48,8 +50,35 @@ def load_dataset(source: str, env_id: str | None = None, download: bool = False)
         dataset.metadata["env_id"] = env_id
         if dataset.metadata.get("env_spec") and json.loads(dataset.metadata["env_spec"]).get("id") != env_id:
             dataset.metadata["env_spec"] = None
+    set_reference_scores(dataset.metadata, ref_min_score, ref_max_score, source)
     dataset.metadata["checksum"] = dataset.checksum()
     return dataset
+
+
+def set_reference_scores(metadata: dict, ref_min: float | None, ref_max: float | None, source: str) -> None:
+    """Override the reference returns given by the user (--data.ref-min-score / --data.ref-max-score)."""
+    if ref_min is None and ref_max is None:
+        return
+    given = [name for name, value in (("--data.ref-min-score", ref_min), ("--data.ref-max-score", ref_max)) if value is not None]
+    if ref_min is not None:
+        metadata["ref_min_score"] = float(ref_min)
+    if ref_max is not None:
+        metadata["ref_max_score"] = float(ref_max)
+    low, high = metadata.get("ref_min_score"), metadata.get("ref_max_score")
+    if low is None or high is None:
+        raise DatasetError(source, f"{' and '.join(given)} given, but the dataset has no "
+                           f"{'ref_max_score' if high is None else 'ref_min_score'}: pass both reference scores")
+    if not np.isfinite([low, high]).all() or high <= low:
+        raise DatasetError(source, f"reference scores must be finite with max > min (min {low}, max {high})")
+    metadata["ref_source"] = f"user ({', '.join(given)})" + (f"; before: {metadata['ref_source']}" if metadata.get("ref_source") else "")
+
+
+def missing_reference_scores(metadata: dict) -> str | None:
+    """A warning to show when the data has no reference returns (no normalized scores), else None."""
+    if metadata.get("ref_min_score") is not None and metadata.get("ref_max_score") is not None:
+        return None
+    return ("no reference scores (ref_min_score/ref_max_score): runs report raw returns, not normalized scores, and "
+            "DT needs --target-return; pass --data.ref-min-score and --data.ref-max-score (random and expert returns)")
 
 
 # ---------------------------------------------------------------------------------------- Minari
