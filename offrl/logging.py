@@ -110,11 +110,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 class Progress:
-    """A one-line progress display: redrawn in place on a terminal, a plain line every
-    `min_interval` seconds (and at every evaluation) otherwise."""
+    """A one-line progress display: redrawn in place on a terminal (at most 5 times a second), a plain
+    line every `min_interval` seconds (and when forced, e.g. at every evaluation) otherwise. Counts
+    training steps by default; `unit` names other things counted (transitions, episodes)."""
 
-    def __init__(self, total: int, label: str, enabled: bool = True, start: int = 0, min_interval: float = 10.0):
-        self.total, self.label, self.enabled = total, label, enabled
+    def __init__(self, total: int, label: str, enabled: bool = True, start: int = 0, min_interval: float = 10.0,
+                 unit: str = "step"):
+        self.total, self.label, self.enabled, self.unit = total, label, enabled, unit
         self.tty = sys.stderr.isatty()
         self.start_time, self.start_step = time.perf_counter(), start
         self.last_print = 0.0
@@ -125,20 +127,22 @@ class Progress:
         elapsed = time.perf_counter() - self.start_time
         return (step - self.start_step) / elapsed if elapsed > 0 else 0.0
 
-    def update(self, step: int, score: float | None = None, force: bool = False) -> None:
+    def update(self, step: int, score: float | None = None, force: bool = False, extra: str | None = None) -> None:
+        """`extra` replaces the training line's 'eval score' field."""
         if score is not None:
             self.score = score
         if not self.enabled:
             return
         now = time.perf_counter()
-        if not (self.tty or force or now - self.last_print >= self.min_interval):
+        if not force and now - self.last_print < (0.2 if self.tty else self.min_interval):
             return
         self.last_print = now
         rate = self.steps_per_second(step)
         eta = (self.total - step) / rate if rate > 0 else float("nan")
-        score_text = f"{self.score:.1f}" if self.score is not None else "-"
-        line = (f"{self.label} | step {step}/{self.total} ({100 * step / max(self.total, 1):.0f}%) | "
-                f"{rate:.0f} steps/s | eval score {score_text} | eta {_duration(eta)}")
+        if extra is None:
+            extra = f"eval score {self.score:.1f}" if self.score is not None else "eval score -"
+        line = (f"{self.label} | {self.unit} {step}/{self.total} ({100 * step / max(self.total, 1):.0f}%) | "
+                f"{rate:.0f} {self.unit}s/s | {extra} | eta {_duration(eta)}")
         sys.stderr.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         sys.stderr.flush()
 

@@ -187,3 +187,24 @@ def test_generation_is_the_same_with_other_cpu_kernels(policy_root, tmp_path, mo
                       "--steps", "3000", "--id", "test/kernels-v0", "--ref-min-score", "0", "--ref-max-score", "1").stdout
         checksums.add(out.split("checksum ")[1].split()[0])
     assert len(checksums) == 1
+
+
+def test_generation_shows_progress(capsys):
+    """Dataset generation draws a progress line (transitions, episodes, rate, ETA) that ends at 100%."""
+    import gymnasium as gym
+
+    from offrl.data import rollout
+    from offrl.data.suite import SuiteBuilder
+
+    builder = SuiteBuilder()
+    calls = []
+    bar = builder._transitions_progress("offrl/test: rollouts", 500)
+    space = gym.make("InvertedPendulum-v5").action_space
+    rollout.collect("InvertedPendulum-v5", rollout.uniform_policy(space, 0), 500, seed=0, num_envs=4,
+                    progress=lambda n, e: (calls.append(n), bar(n, e)))
+    assert calls == sorted(calls) and calls[-1] == 500
+    err = capsys.readouterr().err
+    assert "offrl/test: rollouts | transition 500/500 (100%)" in err and "episodes" in err and "eta" in err
+    quiet = SuiteBuilder(show_progress=False)._transitions_progress("quiet", 10)
+    quiet(10, 1)
+    assert capsys.readouterr().err == ""

@@ -73,9 +73,11 @@ def _one_thread():
 
 
 @_one_thread()
-def collect(env_spec, policy: PolicyFn, transitions: int, seed: int, num_envs: int = 20) -> list[Episode]:
+def collect(env_spec, policy: PolicyFn, transitions: int, seed: int, num_envs: int = 20,
+            progress: Callable[[int, int], None] | None = None) -> list[Episode]:
     """Exactly `transitions` rows from `num_envs` envs stepped together; episodes in order of completion
-    (then the cut ones by env index)."""
+    (then the cut ones by env index). `progress(transitions so far, finished episodes)` is called
+    after every batch of env steps."""
     envs = [gym.make(env_spec) for _ in range(num_envs)]
     next_seed = seed
     obs, records, finished = [], [], []
@@ -101,6 +103,8 @@ def collect(env_spec, policy: PolicyFn, transitions: int, seed: int, num_envs: i
                     next_seed += 1
                 obs[i] = next_obs
             collected += active
+            if progress is not None:
+                progress(collected, len(finished))
     finally:
         for env in envs:
             env.close()
@@ -134,9 +138,11 @@ class _Recorder:
 
 
 @_one_thread()
-def average_return(env_spec, policy: PolicyFn, episodes: int, seed: int) -> float:
+def average_return(env_spec, policy: PolicyFn, episodes: int, seed: int,
+                   progress: Callable[[int, int], None] | None = None) -> float:
     """Mean undiscounted return of `episodes` complete episodes (env i reset with seed + i), all
-    run together with one batched policy call per step."""
+    run together with one batched policy call per step; `progress(finished episodes, env steps)`
+    after every step."""
     envs = [gym.make(env_spec) for _ in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns = np.zeros(episodes)
@@ -152,6 +158,8 @@ def average_return(env_spec, policy: PolicyFn, episodes: int, seed: int) -> floa
                 returns[i] += reward
                 running[i] = not (terminated or truncated)
             step += len(index)
+            if progress is not None:
+                progress(int((~running).sum()), step)
     finally:
         for env in envs:
             env.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import shutil
 import tempfile
 import time
@@ -226,9 +227,38 @@ class SuiteBuilder:
     """Makes suite datasets, sharing reference scores and the medium/expert episodes between
     levels of one env (medium-expert = medium + expert)."""
 
-    def __init__(self):
+    def __init__(self, show_progress: bool = True):
         self._refs: dict[str, tuple[float, float]] = {}
         self._episodes: dict[tuple[str, str], list[Episode]] = {}
+        self.show_progress = show_progress
+
+    def _transitions_progress(self, label: str, total: int):
+        """A progress line for `rollout.collect`: transitions, finished episodes, rate and ETA."""
+        from offrl.logging import Progress
+
+        bar = Progress(total, label, self.show_progress, min_interval=5.0, unit="transition")
+
+        def report(collected: int, episodes: int) -> None:
+            bar.update(collected, extra=f"{episodes} episodes", force=collected == total)
+            if collected == total:
+                bar.close()
+        return report
+
+    def _episodes_progress(self, label: str, episodes: int, horizon: int):
+        """A progress line for `rollout.average_return`, in env steps out of the most there can be
+        (every episode running to the time limit), with the episodes finished so far."""
+        from offrl.logging import Progress
+
+        bar = Progress(episodes * horizon, label, self.show_progress, min_interval=5.0, unit="env step")
+        done = [False]
+
+        def report(finished: int, steps: int) -> None:
+            if not done[0]:
+                bar.update(steps, extra=f"{finished}/{episodes} episodes done", force=finished == episodes)
+                if finished == episodes:
+                    done[0] = True
+                    bar.close()
+        return report
 
     def policy(self, manifest: dict, name: str):
         from offrl.policies import load_policy
@@ -243,9 +273,14 @@ class SuiteBuilder:
         if env not in self._refs:
             spec = manifest["env_id"]
             space = _action_space(spec)
-            ref_min = rollout.average_return(spec, rollout.uniform_policy(space, REF_SEED), REF_EPISODES, REF_SEED)
+            horizon = gym_spec(spec).max_episode_steps or 1000
+            ref_min = rollout.average_return(spec, rollout.uniform_policy(space, REF_SEED), REF_EPISODES, REF_SEED,
+                                             self._episodes_progress(f"{env} reference score, random policy",
+                                                                     REF_EPISODES, horizon))
             expert = rollout.sampled_policy(self.policy(manifest, manifest["expert"]["file"]), REF_SEED)
-            ref_max = rollout.average_return(spec, expert, REF_EPISODES, REF_SEED)
+            ref_max = rollout.average_return(spec, expert, REF_EPISODES, REF_SEED,
+                                             self._episodes_progress(f"{env} reference score, expert policy",
+                                                                     REF_EPISODES, horizon))
             self._refs[env] = (ref_min, ref_max)
         return self._refs[env]
 
@@ -257,13 +292,17 @@ class SuiteBuilder:
             return self._episodes[key]
         spec, seed = manifest["env_id"], LEVEL_SEEDS.get(level, 0)
         size = int(manifest.get("dataset_size", DATASET_SIZE))
+        label = f"offrl/{env}/{level}-v0: rollouts"
         if level == "random":
-            episodes = rollout.collect(spec, rollout.uniform_policy(_action_space(spec), seed), size, seed)
+            episodes = rollout.collect(spec, rollout.uniform_policy(_action_space(spec), seed), size, seed,
+                                       progress=self._transitions_progress(label, size))
         elif level in ("medium", "expert"):
             policy = rollout.sampled_policy(self.policy(manifest, manifest[level]["file"]), seed)
-            episodes = rollout.collect(spec, policy, size, seed)
+            episodes = rollout.collect(spec, policy, size, seed, progress=self._transitions_progress(label, size))
         elif level == "medium-replay":
-            episodes = rollout.collect(spec, self.replay_schedule(manifest, seed), int(manifest["medium"]["step"]), seed)
+            size = int(manifest["medium"]["step"])
+            episodes = rollout.collect(spec, self.replay_schedule(manifest, seed), size, seed,
+                                       progress=self._transitions_progress(label, size))
         elif level == "medium-expert":
             episodes = self.episodes(env, "medium", manifest) + self.episodes(env, "expert", manifest)
         else:
@@ -347,6 +386,9 @@ def known_ids() -> list[str]:
 def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None = None) -> dict:
     """Make an offrl dataset; returns its id, checksum, size and generation time in seconds."""
     start = time.perf_counter()
+    if dataset_id != "offrl/tiny-v0":
+        print(f"making {dataset_id} from the committed behaviour policies (reference scores, then the rollouts)",
+              file=sys.stderr, flush=True)
     made = make_tiny() if dataset_id == "offrl/tiny-v0" else (builder or SuiteBuilder()).made(dataset_id)
     made.info["seconds"] = round(time.perf_counter() - start, 1)
     checksum = write_minari_dataset(dataset_id, made, overwrite=overwrite)
@@ -421,7 +463,9 @@ def verify(dataset_id: str) -> dict:
 def ensure(dataset_id: str) -> None:
     """Make an offrl dataset when it is not on disk yet (no-op for other ids)."""
     if dataset_id in known_ids() and not exists(dataset_id):
-        make(dataset_id)
+        result = make(dataset_id)
+        print(f"made {dataset_id}: {result['transitions']} transitions, {result['episodes']} episodes in "
+              f"{result['seconds']:.0f} s -> {local_path(dataset_id)}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------- bring your own policy
