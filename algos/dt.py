@@ -73,7 +73,8 @@ class Config(TrainConfig):
     target_return: Optional[float] = None
     """Expert-level conditioning return (default: the dataset's ref_max_score); half of it is evaluated too."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=100))
-    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6))
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6,
+                                                                d4rl_trajectories=True))
 
 
 class Block(nn.Module):

@@ -69,7 +69,7 @@ class Config(TrainConfig):
     eval_targets: Optional[tuple[float, ...]] = None
     """Target returns to condition on at evaluation (default: the dataset's best episode return)."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=0, episodes=10))
-    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+    data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, d4rl_trajectories=True))
 
 
 class RCSLPolicy(nn.Module):

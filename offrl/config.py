@@ -22,6 +22,10 @@ class DataConfig:
     scores on data that records none."""
     ref_max_score: Optional[float] = None
     """Reference return of an expert (normalized score 100); overrides the dataset's. Also DT's default target."""
+    d4rl_trajectories: bool = False
+    """D4RL .hdf5 files: keep every row as recorded, episodes ending at terminals and timeouts (as the DT and RvS
+    references read them), instead of qlearning_dataset's transitions, which drop each episode's final row.
+    DT and RCSL turn it on."""
     download: bool = False
     """Fetch a Minari dataset that is not local (needs network and `minari[hf]`)."""
     make_if_missing: bool = True

@@ -1,5 +1,7 @@
 """Data layer: Minari alignment, D4RL semantics, npz round trip, validation errors, preprocessing, buffer."""
 
+from pathlib import Path
+
 import gymnasium as gym
 import h5py
 import numpy as np
@@ -131,6 +133,40 @@ def test_d4rl_without_timeouts_uses_the_episode_step_limit(tmp_path):
     # steps 3 and 7 are each episode's 4th step: dropped as timeouts
     assert ds.observations[:, 0].tolist() == [0, 1, 2, 4, 5, 6, 8]
     assert ds.episode_starts.tolist() == [0, 3, 6]
+
+
+def test_d4rl_without_timeouts_counts_steps_as_d4rl_after_a_terminal(tmp_path):
+    """d4rl.qlearning_dataset resets its step counter at a terminal and then increments it like any
+    kept row, so the row after a terminal is step 1: with a limit of 4 steps and a terminal at row 2,
+    rows 5 and 9 are the dropped final rows (not 6 and 10)."""
+    from offrl.data.sources import load_d4rl_hdf5
+
+    arrays = d4rl_arrays(n=12)
+    del arrays["timeouts"]
+    arrays["terminals"][:] = False
+    arrays["terminals"][2] = True
+    ds = load_d4rl_hdf5(Path(write_hdf5(tmp_path / "x.hdf5", **arrays)), env_id="Hopper-v5", max_episode_steps=4)
+    assert ds.observations[:, 0].tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 10]
+    assert ds.terminals.tolist() == [0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert ds.episode_starts.tolist() == [0, 3, 5, 8]
+
+
+def test_d4rl_rows_as_recorded_for_sequence_models(tmp_path):
+    """With d4rl_trajectories every row stays (the final row of each episode too), as DT and RvS read
+    D4RL files; DT and RCSL default to it."""
+    from algos import dt, rcsl
+
+    path = write_hdf5(tmp_path / "hopper-test-v2.hdf5", **d4rl_arrays())
+    ds = load_dataset(path, d4rl_trajectories=True)
+    assert ds.observations[:, 0].tolist() == list(range(10))
+    assert ds.episode_starts.tolist() == [0, 4, 7]
+    assert ds.terminals.tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert ds.timeouts.tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 0, 1]  # the timeout row, and the file's unfinished end
+    assert ds.rewards.tolist() == list(range(10))
+    # s' is obs[i+1] inside an episode; an episode's last s' is not in a file without next_observations
+    assert ds.next_observations[:, 0].tolist() == [1, 2, 3, 3, 5, 6, 6, 8, 9, 9]
+    assert dt.Config().data.d4rl_trajectories and rcsl.Config().data.d4rl_trajectories
+    assert not load_dataset(path).metadata.get("rows")  # others keep qlearning_dataset's transitions
 
 
 # ----------------------------------------------------------------------------------- npz format

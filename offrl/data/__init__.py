@@ -67,7 +67,8 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
     if data_cfg.make_if_missing:
         suite.ensure(source)
     dataset = load_dataset(source, env_id=data_cfg.env_id, download=data_cfg.download,
-                           ref_min_score=data_cfg.ref_min_score, ref_max_score=data_cfg.ref_max_score)
+                           ref_min_score=data_cfg.ref_min_score, ref_max_score=data_cfg.ref_max_score,
+                           d4rl_trajectories=data_cfg.d4rl_trajectories)
     env = make_env(dataset.metadata)
     try:
         check_env_compat(dataset, env.observation_space, env.action_space)

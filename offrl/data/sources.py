@@ -32,18 +32,20 @@ def is_file_source(source: str) -> bool:
 
 
 def load_dataset(source: str, env_id: str | None = None, download: bool = False,
-                 ref_min_score: float | None = None, ref_max_score: float | None = None) -> Dataset:
+                 ref_min_score: float | None = None, ref_max_score: float | None = None,
+                 d4rl_trajectories: bool = False) -> Dataset:
     """Load by Minari id or by path (`.hdf5`/`.h5` = D4RL format, `.npz` = offrl format).
 
     `env_id` overrides (or supplies, for files that lack it) the evaluation environment;
-    `ref_min_score` / `ref_max_score` override (or supply) the reference returns of normalized scores."""
+    `ref_min_score` / `ref_max_score` override (or supply) the reference returns of normalized scores;
+    `d4rl_trajectories` reads a D4RL file's rows as recorded (see `load_d4rl_hdf5`)."""
     if is_file_source(source):
         path = Path(source)
         if not path.exists():
             raise DatasetError(source, "file not found")
         if not path.is_file():
             raise DatasetError(source, "not a file")
-        dataset = load_npz(path) if path.suffix == ".npz" else load_d4rl_hdf5(path, env_id)
+        dataset = load_npz(path) if path.suffix == ".npz" else load_d4rl_hdf5(path, env_id, trajectories=d4rl_trajectories)
     else:
         dataset = load_minari(source, download=download)
     if env_id:
@@ -163,16 +165,27 @@ def _float_or_none(value: Any) -> float | None:
 D4RL_REQUIRED = ("observations", "actions", "rewards", "terminals")
 
 
-def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int = 1000) -> Dataset:
+def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int = 1000,
+                   trajectories: bool = False) -> Dataset:
     """D4RL `qlearning_dataset` semantics (FACTS.md section 0), with OfflineRL-Kit's fix:
 
     - rows i = 0..N-2; s' = next_observations[i] when the file has it, else observations[i+1];
     - rows with timeouts[i] = 1 are dropped (their s' is the next episode's first state in files
-      without next_observations); without a `timeouts` key a row is final when its in-episode step
-      reaches max_episode_steps - 1;
+      without next_observations); without a `timeouts` key a row is final, and dropped, when its
+      in-episode step counter reaches max_episode_steps - 1. The counter follows D4RL's loop: it is
+      reset to 0 at a final row, and at a terminal row reset to 0 and then incremented like every
+      kept row, so the row after a terminal counts as step 1;
     - terminals pass through as the no-bootstrap flag.
     Episodes split after terminals and dropped timeout rows; their last kept row gets timeout = 1
     when they did not terminate (so they are bootstrapped, as D4RL does by never marking them done).
+
+    `trajectories=True` (sequence models: DT, RCSL) reads the file as recorded instead, as the DT and
+    RvS references do (`download_d4rl_datasets.py`): every row is kept, an episode ends at a terminal
+    or a final row (the same step counter, for files without timeouts), and the final row keeps its
+    action and reward. s' is next_observations[i] when the file has it, else observations[i+1] inside
+    an episode; for an episode's last row in a file without next_observations it is unknown and set
+    to s itself (sequence models do not read s'). A trailing unfinished episode is kept as cut (DT's
+    script drops it).
     """
     import h5py
 
@@ -204,17 +217,14 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
     if "timeouts" in raw:
         timeouts = raw["timeouts"].astype(bool).reshape(-1)
     else:
-        timeouts = np.zeros(n, dtype=bool)
-        step = 0
-        for i in range(n):
-            if step == max_episode_steps - 1:
-                timeouts[i], step = True, 0
-            elif terminals[i]:
-                step = 0
-            else:
-                step += 1
+        timeouts = final_rows_by_step_count(terminals, max_episode_steps)
     has_next = "next_observations" in raw
     next_obs = _as_2d(raw["next_observations"], "next_observations", source) if has_next else np.roll(obs, -1, axis=0)
+    if trajectories:
+        dataset = _recorded_trajectories(obs, actions, rewards, next_obs, terminals, timeouts, has_next)
+        dataset.metadata = _file_metadata(path, attrs, env_id, fmt="d4rl-hdf5")
+        dataset.metadata["rows"] = "trajectories"
+        return dataset.validate(source)
 
     keep = np.arange(n - 1)
     keep = keep[~timeouts[keep]]
@@ -239,6 +249,43 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
     dataset.timeouts = close_open_episodes(dataset.timeouts, dataset.terminals, dataset.episode_starts)
     dataset.metadata = _file_metadata(path, attrs, env_id, fmt="d4rl-hdf5")
     return dataset.validate(source)
+
+
+def final_rows_by_step_count(terminals: np.ndarray, max_episode_steps: int) -> np.ndarray:
+    """D4RL's final-row rule for files without `timeouts` (`qlearning_dataset`'s loop, transcribed):
+
+        for i: final = step == max_episode_steps - 1
+               if final: step = 0; continue         (the row is dropped)
+               if terminal: step = 0
+               step += 1
+    """
+    final = np.zeros(len(terminals), dtype=bool)
+    step = 0
+    for i in range(len(terminals)):
+        if step == max_episode_steps - 1:
+            final[i], step = True, 0
+            continue
+        if terminals[i]:
+            step = 0
+        step += 1
+    return final
+
+
+def _recorded_trajectories(obs, actions, rewards, next_obs, terminals, timeouts, has_next) -> Dataset:
+    """Every row of a D4RL file, split into episodes after terminal and final rows."""
+    n = len(rewards)
+    ends = (terminals > 0) | timeouts
+    starts = np.concatenate([[0], np.flatnonzero(ends[:-1]) + 1]).astype(np.int64)
+    if not has_next:
+        next_obs = next_obs.copy()
+        next_obs[ends] = obs[ends]  # s' of an episode's last row is not in the file
+        next_obs[n - 1] = obs[n - 1]
+    new_timeouts = (ends & (terminals == 0)).astype(np.float32)
+    dataset = Dataset(observations=obs.astype(np.float32), actions=actions.astype(np.float32), rewards=rewards,
+                      next_observations=next_obs.astype(np.float32), terminals=terminals, timeouts=new_timeouts,
+                      episode_starts=starts)
+    dataset.timeouts = close_open_episodes(dataset.timeouts, dataset.terminals, dataset.episode_starts)
+    return dataset
 
 
 def _attr(value: Any) -> Any:
