@@ -5,13 +5,16 @@ A deterministic actor pi(s) = scale * tanh(f(s)) + bias regresses the dataset ac
 
     L = mean || pi(s) - a ||^2          (MSE over batch and action dims)
 
-With `--frac f` < 1 only the best f of the episodes by (discounted) return are kept (at least one);
-the state statistics are then computed on the kept episodes, as CORL does.
+With `--frac f` < 1 only the best round(f * n) of the n episodes by (discounted) return are kept (at
+least one); the state statistics are then computed on the kept episodes, as CORL does.
 
 Defaults (FACTS.md section 1): 2x256 ReLU MLP with tanh output, Adam 3e-4, batch 256, 1M steps,
 states normalized with std + 1e-3; `frac_discount` 1.0 as CORL's bc_10 configs.
-Deviation: episodes end where the dataset's episodes end (terminal or time limit) rather than at
-CORL's fixed 1000 steps, which is the same for D4RL-style locomotion data.
+Deviation from CORL's `keep_best_trajectories`, which runs on qlearning_dataset's rows (time-out rows
+already dropped) and cuts a trajectory at a terminal or after every 1000 rows, keeping
+max(1, int(f * n)) of them (floor; a trailing unfinished chunk is not a trajectory): here a trajectory
+is one of the dataset's own episodes (ending at a terminal or where the recording cut it), so no
+ranked unit straddles two episodes, and the count is rounded to the nearest episode.
 """
 
 from __future__ import annotations

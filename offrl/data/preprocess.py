@@ -35,7 +35,8 @@ def return_range_factor(dataset: Dataset) -> float:
 
 
 def top_trajectories(dataset: Dataset, frac: float, discount: float = 1.0) -> Dataset:
-    """Keep the best `frac` of episodes by (discounted) return, at least one (CORL's %BC)."""
+    """Keep the best round(frac * episodes) episodes by (discounted) return, at least one (%BC; CORL ranks
+    1000-row chunks instead and keeps max(1, int(frac * n)), see algos/bc.py)."""
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac must be in (0, 1], got {frac}")
     if frac == 1.0:
