@@ -12,8 +12,10 @@ each reward received.
 Defaults (FACTS.md section 6, official code): 3 layers, 1 head, width 128, context K = 20, dropout 0.1,
 ReLU MLPs of width 4*128, AdamW lr 1e-4 with weight decay 1e-4, linear warm-up over 10k steps,
 grad-norm clip 0.25, batch 64, 100k steps, returns-to-go undiscounted and divided by 1000, states
-normalized with std + 1e-6, 100 evaluation episodes. Evaluation runs two targets: the expert level
-(the dataset's ref_max_score, or --target-return) and half of it; the first is the run's score.
+normalized with std + 1e-6, 100 evaluation episodes. Evaluation runs two targets, the first being the
+run's score: on D4RL locomotion files the paper's (hopper 3600 and 1800, walker2d 5000 and 2500,
+halfcheetah 12000 and 6000, as CORL); on data without published targets (the offrl suite, Minari, your
+own) the dataset's expert reference return (ref_max_score) and half of it; --target-return X: X and X/2.
 
 Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and MLP blocks with residual
 dropout, final LayerNorm) instead of HuggingFace GPT-2; padding is masked out of attention, not only
@@ -71,7 +73,9 @@ class Config(TrainConfig):
     rtg_scale: float = 1000.0
     """Returns-to-go are divided by this."""
     target_return: Optional[float] = None
-    """Expert-level conditioning return (default: the dataset's ref_max_score); half of it is evaluated too."""
+    """Conditioning return of the run's score; half of it is evaluated too. Default: the paper's targets on D4RL
+    locomotion files (hopper 3600/1800, walker2d 5000/2500, halfcheetah 12000/6000); on data without published
+    targets, the dataset's ref_max_score and half of it."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=100))
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6,
                                                                 d4rl_trajectories=True))
@@ -222,11 +226,20 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
     return lambda: agent.update(buffer.sample(cfg.batch_size))
 
 
+PAPER_TARGETS = {"hopper": 3600.0, "walker2d": 5000.0, "halfcheetah": 12000.0}
+"""The DT paper's first evaluation target per D4RL env (the second is half of it; FACTS.md section 6)."""
+
+
 def expert_target(cfg: Config, metadata: dict) -> float:
-    """--target-return, else the dataset's ref_max_score."""
-    target = cfg.target_return if cfg.target_return is not None else metadata.get("ref_max_score")
+    """--target-return, else the paper's target on a D4RL locomotion file, else the dataset's ref_max_score."""
+    if cfg.target_return is not None:
+        return float(cfg.target_return)
+    if metadata.get("d4rl_env") in PAPER_TARGETS:
+        return PAPER_TARGETS[metadata["d4rl_env"]]
+    target = metadata.get("ref_max_score")
     if target is None:
-        raise OffrlError("the dataset has no ref_max_score: pass --target-return")
+        raise OffrlError("the dataset has no published DT targets and no ref_max_score: pass --target-return "
+                         "(or --data.ref-max-score)")
     return float(target)
 
 

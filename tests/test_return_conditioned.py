@@ -243,3 +243,30 @@ def test_cli_smoke(tiny, tmp_path, algo, extra, capsys):
     report = assert_reevaluation_reproduces(run_dir)
     expected = {"dt": {"eval", "eval_half_target"}, "rcsl": {"eval", "eval_target_100"} if "--eval-targets" in extra else {"eval"}}
     assert set(report["results"]) == expected[algo]
+
+
+def test_dt_targets_follow_the_paper_on_d4rl_files_and_the_reference_elsewhere():
+    from algos.dt import Config, expert_target
+
+    cfg = Config()
+    assert expert_target(cfg, {"d4rl_env": "hopper", "ref_max_score": 3234.3}) == 3600
+    assert expert_target(cfg, {"d4rl_env": "walker2d", "ref_max_score": 4592.3}) == 5000
+    assert expert_target(cfg, {"d4rl_env": "halfcheetah", "ref_max_score": 12135.0}) == 12000
+    assert expert_target(cfg, {"d4rl_env": "ant", "ref_max_score": 3879.7}) == 3879.7  # no published DT target
+    assert expert_target(cfg, {"ref_max_score": 3164.1}) == 3164.1  # the offrl suite, Minari, user data
+    assert expert_target(Config(target_return=2000.0), {"d4rl_env": "hopper"}) == 2000.0
+
+
+def test_d4rl_files_are_marked_for_published_settings(tmp_path):
+    import h5py
+    import numpy as np
+
+    from offrl.data import load_dataset
+
+    n = 20
+    with h5py.File(tmp_path / "walker2d-medium-v2.hdf5", "w") as f:
+        f["observations"] = np.zeros((n, 17), np.float32)
+        f["actions"] = np.zeros((n, 6), np.float32)
+        f["rewards"] = np.ones(n, np.float32)
+        f["terminals"] = np.zeros(n, bool)
+    assert load_dataset(str(tmp_path / "walker2d-medium-v2.hdf5")).metadata["d4rl_env"] == "walker2d"

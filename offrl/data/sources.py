@@ -315,8 +315,10 @@ def _file_metadata(path: Path, attrs: dict, env_id: str | None, fmt: str) -> dic
         "ref_max_score": _float_or_none(attrs.get("ref_max_score")),
         "ref_source": "file attributes" if attrs.get("ref_max_score") is not None else None,
     }
+    d4rl_env = scores.d4rl_env_from_name(path.stem) or scores.d4rl_env_from_name(str(metadata["env_id"] or ""))
+    if d4rl_env is not None:
+        metadata["d4rl_env"] = d4rl_env  # a D4RL locomotion file: published settings (e.g. DT's targets) apply
     if metadata["ref_max_score"] is None:
-        d4rl_env = scores.d4rl_env_from_name(path.stem) or scores.d4rl_env_from_name(str(metadata["env_id"] or ""))
         if d4rl_env is not None:
             ref_min, ref_max = scores.D4RL_REF_SCORES[d4rl_env]
             metadata.update(ref_min_score=ref_min, ref_max_score=ref_max,
