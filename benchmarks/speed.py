@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.sections import write_section
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
@@ -212,8 +213,7 @@ def write_markdown(report: dict, path: Path, argv: list[str]) -> None:
             lines.append(f"| {run['threads']} | {r['algo']} | {r['batch_size']} | {r['median_ms']:.2f} | {rounds} | "
                          f"{r['gflop_per_update']:.3f} | {r['update_gflops']:.0f} | {r['matmul_gflops']:.0f} | "
                          f"{100 * r['fraction_of_matmul']:.1f}% |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_section(path, "updates", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# One thread per process, in the test process and in every command it starts, as offrl's runs default
+# to: a multi-threaded suite beside another busy process on 2 cores slows both down many times over.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def minari_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("minari")

@@ -119,3 +119,17 @@ def test_table_caption_states_threads_a_resume_changed():
     assert "from 3 runs" in mixed and "threads per run as last resumed: 2 at 1, 1 at 2" in mixed
     assert "one thread per run" not in mixed
     assert "one thread per run" in table.render({("bc", "d"): runs[:2]}, "t", None)
+
+
+def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
+    cpu = {"processor": "x86_64", "cpu_count": 16, "device": "cpu", "packages": {"torch": "2.11.0"}}
+    gpu = {**cpu, "device": "cuda", "cuda_device": "NVIDIA H100"}
+    run = {"final": 50.0, "best": 60.0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
+           "wall": None, "threads": 1}
+    groups = {("bc", "d"): [{**run, "seed": s, "run_dir": f"bc{s}", "env": cpu} for s in range(2)],
+              ("cql", "d"): [{**run, "seed": s, "run_dir": f"cql{s}", "env": gpu} for s in range(2)]}
+    caption = table.render(groups, "t", None)
+    assert ("Hardware: by row: bc: x86_64, 16 cores, device cpu; torch 2.11.0; "
+            "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0") in caption
+    same = table.render({("bc", "d"): groups[("bc", "d")]}, "t", None)
+    assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in same
