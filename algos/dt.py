@@ -21,7 +21,13 @@ Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and ML
 dropout, final LayerNorm) instead of HuggingFace GPT-2; padding is masked out of attention, not only
 of the loss; the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
 embedding, residual and MLP dropout masks come from `offrl.nets.Dropout` (rate 0.1000061, cheaper
-random draws), attention dropout from torch.
+random draws), attention dropout from torch. Initialization and weight decay differ from the official
+code by default, and the DT tables in results/ were made so: every layer keeps PyTorch's default init,
+where the official GPT-2 blocks draw their linear weights from N(0, 0.02) with zero biases
+(`--reference-init`; the embeddings and the action head keep PyTorch's init there too; CORL
+re-initializes every Linear and Embedding that way); and AdamW's decay skips biases, LayerNorms and
+the timestep embedding (minGPT's grouping), where the official code and CORL decay every parameter
+(`--decay-all`).
 """
 
 from __future__ import annotations
@@ -65,7 +71,11 @@ class Config(TrainConfig):
     lr: float = 1e-4
     """AdamW learning rate."""
     weight_decay: float = 1e-4
-    """AdamW weight decay (not on biases, LayerNorms and embeddings' positions)."""
+    """AdamW weight decay (not on biases, LayerNorms and the timestep embedding, unless --decay-all)."""
+    decay_all: bool = False
+    """Decay every parameter, as the official code's AdamW(model.parameters()) and CORL do."""
+    reference_init: bool = False
+    """The official code's init: the transformer blocks' linear weights N(0, 0.02), biases 0 (GPT-2's)."""
     warmup_steps: int = 10_000
     """Linear learning-rate warm-up."""
     grad_clip: float = 0.25
@@ -131,6 +141,19 @@ class DecisionTransformer(nn.Module):
         return self.predict_action(x[:, :, 1])
 
 
+def gpt2_init(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2's `_init_weights` as the official DT's trajectory_gpt2.py applies it to the transformer:
+    linear weights N(0, std), biases 0, LayerNorms 1 and 0."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, 0.0, std)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm):
+            nn.init.ones_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+
 def dt_loss(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean squared error over unpadded positions only (mean over positions and action dims)."""
     squared = ((predicted - target) ** 2).mean(-1)
@@ -146,9 +169,12 @@ class DT(Stateful):
         self.normalizer = data.preprocessing.state_normalizer(device)
         low, high = (torch.as_tensor(x, device=device) for x in (data.action_low, data.action_high))
         self.action_scale, self.action_bias = (high - low) / 2, (high + low) / 2
+        if cfg.reference_init:
+            gpt2_init(self.model.blocks)
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
-            (no_decay if name.endswith("bias") or "ln" in name or "embed_timestep" in name else decay).append(param)
+            skip = not cfg.decay_all and (name.endswith("bias") or "ln" in name or "embed_timestep" in name)
+            (no_decay if skip else decay).append(param)
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))

@@ -12,8 +12,10 @@ return is still to come:
 Actions are in the unit box. A `holdout_ratio` of the transitions is held out; every `holdout_every`
 steps the hold-out loss is measured, the best weights are kept when it improves by more than 1%
 (relative) and training stops after `patience` checks without improvement (MBRCSL's rule). At
-evaluation omega starts from a target return and the return received so far is subtracted,
-step by step; `--eval-targets` sweeps several targets and reports the score of each.
+evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted
+step by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does
+(`--average-goal updated` recomputes it each step); `--eval-targets` sweeps several targets and
+reports the score of each.
 
 Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs),
 states normalized, rtg_scale 1000. The default target is the dataset's best episode return (MBRCSL
@@ -56,6 +58,9 @@ class Config(TrainConfig):
     """AdamW weight decay (MBRCSL's point maze: 0.1 with lr 5e-5)."""
     conditioning: Literal["rtg", "average"] = "rtg"
     """Condition on the return-to-go (RCSL) or the average reward-to-go (RvS-R)."""
+    average_goal: Literal["fixed", "updated"] = "fixed"
+    """RvS-R at evaluation: the goal target/H fixed for the whole episode, as RvS does, or recomputed every step
+    as (target - return received) / (H - t)."""
     head: Literal["deterministic", "gaussian"] = "deterministic"
     """MSE to the dataset action, or Gaussian negative log-likelihood."""
     rtg_scale: float = 1000.0
@@ -81,6 +86,7 @@ class RCSLPolicy(nn.Module):
         out = 2 * act_dim if cfg.head == "gaussian" else act_dim
         self.net = mlp(obs_dim + 1, out, cfg.hidden)
         self.head, self.conditioning, self.rtg_scale, self.horizon = cfg.head, cfg.conditioning, cfg.rtg_scale, horizon
+        self.fixed_goal = cfg.conditioning == "average" and cfg.average_goal == "fixed"
         self.normalizer = normalizer
         low, high = (torch.as_tensor(np.asarray(x, np.float32)) for x in (action_low, action_high))
         self.register_buffer("action_scale", (high - low) / 2)
@@ -114,7 +120,8 @@ class RCSLPolicy(nn.Module):
 
 
 class ConditionedActor:
-    """Evaluation-time RCSL: the return still to come starts at the target and loses each reward."""
+    """Evaluation-time RCSL: the return still to come starts at the target and loses each reward. RvS-R's
+    goal stays target / H for the whole episode (unless --average-goal updated)."""
 
     def __init__(self, policy: RCSLPolicy, target_return: float):
         self.policy, self.target = policy, float(target_return)
@@ -128,6 +135,8 @@ class ConditionedActor:
         return self.policy.act(obs, self.return_to_go, self.timestep)
 
     def observe(self, rewards: torch.Tensor) -> None:
+        if self.policy.fixed_goal:  # condition(target, t = 0) = target / H at every step
+            return
         self.return_to_go = self.return_to_go - rewards
         self.timestep = self.timestep + 1
 

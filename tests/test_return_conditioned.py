@@ -145,7 +145,7 @@ def test_padded_positions_do_not_contribute_to_the_loss():
 
 def test_rcsl_target_return_is_decremented_by_the_rewards_received():
     for conditioning in ("rtg", "average"):
-        cfg = RCSLConfig(hidden=(8,), conditioning=conditioning, rtg_scale=100.0)
+        cfg = RCSLConfig(hidden=(8,), conditioning=conditioning, rtg_scale=100.0, average_goal="updated")
         policy = RCSLPolicy(3, 1, cfg, horizon=10, normalizer=StateNormalizer(None, None), action_low=[-1.0],
                             action_high=[1.0])
         actor = policy.actor(target_return=50.0)
@@ -156,6 +156,23 @@ def test_rcsl_target_return_is_decremented_by_the_rewards_received():
         torch.testing.assert_close(actor.return_to_go, torch.tensor([44.0, 29.0]))
         expected = torch.tensor([44.0, 29.0]) / (100.0 if conditioning == "rtg" else 10 - 2)
         torch.testing.assert_close(policy.condition(actor.return_to_go, actor.timestep), expected)
+
+
+def test_rvs_goal_stays_fixed_for_the_episode_by_default():
+    """RvS-R conditions on target / H at every step of an episode, whatever rewards come (RvS's eval)."""
+    cfg = RCSLConfig(hidden=(8,), conditioning="average")
+    policy = RCSLPolicy(3, 1, cfg, horizon=10, normalizer=StateNormalizer(None, None), action_low=[-1.0],
+                        action_high=[1.0])
+    seen = []
+    policy.net.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0][:, -1].clone()))
+    actor = policy.actor(target_return=50.0)
+    actor.reset(2)
+    for rewards in ([5.0, 20.0], [1.0, 1.0], [0.0, 3.0]):
+        actor(torch.zeros(2, 3))
+        actor.observe(torch.tensor(rewards))
+    assert len(seen) == 3
+    for goal in seen:
+        torch.testing.assert_close(goal, torch.full((2,), 5.0))  # 50 / 10
 
 
 def test_rcsl_train_policy_learns_the_action_that_goes_with_each_return():
@@ -270,3 +287,22 @@ def test_d4rl_files_are_marked_for_published_settings(tmp_path):
         f["rewards"] = np.ones(n, np.float32)
         f["terminals"] = np.zeros(n, bool)
     assert load_dataset(str(tmp_path / "walker2d-medium-v2.hdf5")).metadata["d4rl_env"] == "walker2d"
+
+
+def test_dt_reference_init_and_decay_options(tiny):
+    from algos.dt import DT, Config
+    from offrl.data import load_for_training
+
+    data = load_for_training(tiny, Config().data)
+    default = DT(Config(dataset=tiny, layers=1, embed_dim=32), data, torch.device("cpu"))
+    groups = default.optimizer.param_groups
+    assert groups[0]["weight_decay"] == 1e-4 and groups[1]["weight_decay"] == 0.0 and groups[1]["params"]
+    torch.manual_seed(0)
+    ref = DT(Config(dataset=tiny, layers=2, embed_dim=256, reference_init=True, decay_all=True), data, torch.device("cpu"))
+    assert sum(len(g["params"]) for g in ref.optimizer.param_groups if g["weight_decay"] == 1e-4) == \
+        len(list(ref.model.parameters()))
+    block = ref.model.blocks[0]
+    for linear in (block.qkv, block.proj, block.mlp[0], block.mlp[2]):
+        assert abs(linear.weight.std().item() - 0.02) < 0.002 and linear.bias.abs().max() == 0
+    # embeddings and the action head keep PyTorch's init, as in the official code
+    assert ref.model.embed_state.bias.abs().max() > 0
