@@ -9,6 +9,7 @@ import torch
 
 from algos.cql import cql_gap
 from offrl.data import load_dataset
+from offrl.data.dataset import Dataset
 from offrl.data.corruption import AttackCritic, corrupt
 
 from conftest import PYTHON, run_cli
@@ -63,17 +64,53 @@ def test_adversarial_corruption_lowers_the_critics_q(tiny, tmp_path):
     clean = load_dataset(tiny)
     for field in ("observations", "actions"):
         dirty, info = corrupt(clean, field, "adversarial", rate=0.05, scale=1.0, seed=0,
-                              critic_checkpoint=str(checkpoint), attack_steps=30)
+                              critic_checkpoint=str(checkpoint), attack_steps=100)
         attacker = AttackCritic(str(checkpoint))
         rows = info.rows
         obs, act = (torch.as_tensor(getattr(d, k)[rows]) for d, k in ((clean, "observations"), (clean, "actions")))
         adv_obs = torch.as_tensor(dirty.observations[rows])
         adv_act = torch.as_tensor(dirty.actions[rows])
         assert attacker.q(adv_obs, adv_act).mean() < attacker.q(obs, act).mean() - 1e-3
+        assert attacker.q(obs, act).shape == (2, len(rows))  # every critic: RIQL averages over the ensemble
         std = getattr(clean, field).std(0)
         assert (np.abs(getattr(dirty, field)[rows] - getattr(clean, field)[rows]) <= std + 1e-4).all()
     dirty, info = corrupt(clean, "rewards", "adversarial", rate=0.1, scale=0.5, seed=0)
     np.testing.assert_allclose(dirty.rewards[info.rows], -0.5 * clean.rewards[info.rows])
+
+
+def test_adversarial_attack_follows_riql_attack_py():
+    """RIQL's loop, transcribed: p0 = 2 range std (U[0,1) - 0.5); 100 times a fresh Adam (lr 0.01 range)
+    takes one step on mean Q(s, a + p std) over critics and rows, then p is clamped into the box."""
+    from offrl.data.corruption import adversarial_perturbation
+
+    rng = np.random.default_rng(3)
+    n, obs_dim, act_dim, scale = 40, 3, 2, 0.7
+    actions = rng.normal(size=(n, act_dim)).astype(np.float32) * np.array([0.5, 2.0], np.float32)
+    data = Dataset(rng.normal(size=(n, obs_dim)).astype(np.float32), actions, np.zeros(n, np.float32),
+                   np.zeros((n, obs_dim), np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32),
+                   np.array([0]), {"name": "attack"})
+    weights = torch.tensor([[[1.0], [-2.0]], [[0.5], [3.0]]])  # two critics, Q_e = a @ w_e + tanh(a) @ w_e
+
+    class LinearCritics:
+        def q(self, obs, act):
+            return (act @ weights + torch.tanh(act) @ weights).squeeze(-1)  # [E, B]
+
+    rows = np.arange(0, n, 2)
+    ours = adversarial_perturbation(data, "actions", rows, scale, LinearCritics(), np.random.default_rng(9), steps=100)
+
+    generator = torch.Generator().manual_seed(int(np.random.default_rng(9).integers(2**31)))
+    target = torch.as_tensor(actions[rows])
+    std = torch.as_tensor(actions.std(0, dtype=np.float64), dtype=torch.float32)
+    para = 2 * scale * std * (torch.rand(target.shape, generator=generator) - 0.5)
+    for _ in range(100):
+        para = torch.nn.Parameter(para.clone(), requires_grad=True)
+        optimizer = torch.optim.Adam([para], lr=0.01 * scale)
+        loss = LinearCritics().q(None, target + para * std).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        para = torch.clamp(para, -scale, scale).detach()
+    torch.testing.assert_close(torch.as_tensor(ours), target + para * std, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("algo, extra", [

@@ -7,15 +7,21 @@ corruption seed picks them); one field per run:
 random       observations / actions / next_observations: x <- x + range * std(x) * U(-1, 1)^d, with
              the per-dimension std over the whole (clean) field; rewards: r <- U(-30 range, 30 range)
              (replaced, not perturbed).
-adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d found by 100 Adam steps
-             (lr 0.01 * range, p initialized uniformly and projected back into the box after each step)
-             that minimize the mean of a trained critic's Q(s, a) at the perturbed input;
-             next_observations: the same, minimizing Q(s', pi(s')) with the checkpoint's actor;
+adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d found by 100 steps that
+             minimize a trained critic's Q(s, a) at the perturbed input, averaged over the critic
+             ensemble and the rows, as RIQL's `attack.py` does it: p starts at U(-range, range) * std(x)
+             (RIQL's draw, which is then applied times std once more); each step is the first step of
+             a fresh Adam (RIQL builds a new one every step), p <- p - lr * g / (|g| + 1e-8) with
+             lr = 0.01 * range, i.e. a sign-gradient step, then p is clamped into [-range, range];
+             next_observations: the same, minimizing Q(s', pi(s')) with the checkpoint's deterministic
+             action (RIQL's own next-observation attack fails at its HEAD: its actor returns a tuple);
              rewards: r <- -range * r.
-             The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac: the min over its
-             Q ensemble, with its state normalization), trained on the clean data by this project.
-Deviation: RIQL's attacks use a pretrained EDAC agent (10 critics); any offrl Q-ensemble checkpoint is
-accepted here.
+             The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac, with its state
+             normalization), trained on the clean data by this project.
+Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
+checkpoint is accepted here; rows are attacked in chunks of 50k instead of 10 chunks (each row's
+steps depend only on its own gradient, so the result is the same); and the corruption is drawn per
+seed, where RIQL caches one adversarial dataset per env and reuses it for every seed.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.
 
 
 class AttackCritic:
-    """min_i Q_i(s, a) and pi(s) of an offrl training checkpoint, in raw (unnormalized) state space."""
+    """The critics Q_i(s, a) and the actor pi(s) of an offrl training checkpoint, in raw (unnormalized) state space."""
 
     KINDS = ("iql", "cql", "td3_bc", "sac")
 
@@ -117,20 +123,23 @@ class AttackCritic:
         return (obs - self.mean) / self.std if self.mean is not None else obs
 
     def q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.normalize(obs), actions).min(dim=0).values
+        """Q(s, a) of every critic, [E, B]."""
+        return self.critic(self.normalize(obs), actions)
 
     def q_of_policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q(s', pi(s')) with pi's deterministic action (the mean / mode)."""
+        """Q(s', pi(s')) of every critic with pi's deterministic action (the mean / mode), [E, B]."""
         normalized = self.normalize(obs)
         action = self.policy.to_env(torch.tanh(self.policy.distribution(normalized)[0])) if hasattr(self.policy, "distribution") \
             else self.policy(normalized)
-        return self.critic(normalized, action).min(dim=0).values
+        return self.critic(normalized, action)
 
 
-def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, scale: float, checkpoint: str,
-                             rng: np.random.Generator, steps: int = 100, chunk_size: int = 50_000) -> np.ndarray:
-    """x + p * std(x) with p in [-scale, scale]^d minimizing the critic's Q (RIQL's projected Adam attack)."""
-    attacker = AttackCritic(checkpoint)
+def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, scale: float,
+                             checkpoint: "str | AttackCritic", rng: np.random.Generator, steps: int = 100,
+                             chunk_size: int = 50_000) -> np.ndarray:
+    """x + p * std(x) with p in [-scale, scale]^d minimizing the critics' mean Q (RIQL's attack: a fresh
+    Adam step, i.e. a sign-gradient step, per iteration, projected back into the box)."""
+    attacker = AttackCritic(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
     clean = getattr(dataset, field)
     std = torch.as_tensor(clean.std(0, dtype=np.float64), dtype=torch.float32)
     out = np.empty((len(rows), clean.shape[1]), np.float32)
@@ -140,9 +149,9 @@ def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, sca
         obs = torch.as_tensor(dataset.observations[index])
         actions = torch.as_tensor(dataset.actions[index])
         target = torch.as_tensor(clean[index])
-        p = ((torch.rand(target.shape, generator=generator) * 2 - 1) * scale).requires_grad_()
-        optimizer = torch.optim.Adam([p], lr=0.01 * scale)
+        p = (torch.rand(target.shape, generator=generator) * 2 - 1) * scale * std
         for _ in range(steps):
+            p.requires_grad_(True)
             perturbed = target + p * std
             if field == "observations":
                 q = attacker.q(perturbed, actions)
@@ -150,12 +159,10 @@ def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, sca
                 q = attacker.q(obs, perturbed)
             else:
                 q = attacker.q_of_policy(perturbed)
-            optimizer.zero_grad(set_to_none=True)
-            q.mean().backward()
-            optimizer.step()
-            with torch.no_grad():
-                p.clamp_(-scale, scale)
-        out[start:start + len(index)] = (target + p.detach() * std).numpy()
+            (grad,) = torch.autograd.grad(q.mean(), p)
+            with torch.no_grad():  # a fresh Adam's first step: m_hat = g, v_hat = g^2
+                p = (p - 0.01 * scale * grad / (grad.abs() + 1e-8)).clamp(-scale, scale)
+        out[start:start + len(index)] = (target + p * std).numpy()
     return out
 
 
