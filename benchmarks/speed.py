@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                         help="time updates under --run.precision bf16 (bfloat16 autocast); the matmul reference "
                              "is then a bfloat16 matmul")
+    parser.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n x n reference matmul")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file (results/)")
     args = parser.parse_args(argv)
@@ -146,18 +147,18 @@ def main(argv: list[str] | None = None) -> dict:
     device = resolve_device(args.device)
     report = {"device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
               "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
-              "compile": args.compile, "precision": args.precision, "runs": []}
+              "compile": args.compile, "precision": args.precision, "matmul_size": args.matmul_size, "runs": []}
     for threads in args.threads or [torch.get_num_threads()]:
         torch.set_num_threads(threads)
         # Rounds interleave the algorithms and the matmul reference, so drifts in the machine's speed
         # (2-thread runs here vary by up to 20%) hit all of them alike; medians over rounds are reported.
         matmul, per_algo = [], {a: [] for a in args.algos}
         for _ in range(args.rounds):
-            matmul.append(matmul_gflops(device, precision=args.precision))
+            matmul.append(matmul_gflops(device, args.matmul_size, precision=args.precision))
             for algo in args.algos:
                 per_algo[algo].append(time_algorithm(algo, device, args.warmup, args.blocks, args.per_block,
                                                      args.batch_size, args.compile, args.precision))
-        matmul.append(matmul_gflops(device, precision=args.precision))
+        matmul.append(matmul_gflops(device, args.matmul_size, precision=args.precision))
         peak = statistics.median(matmul)
         results = []
         for algo, rounds in per_algo.items():
@@ -201,7 +202,7 @@ def write_markdown(report: dict, path: Path, argv: list[str]) -> None:
              "Median ms per update (sample + gradient step) at each algorithm's default batch on Hopper-sized "
              "synthetic data (obs 11, act 3), after warm-up; GFLOP counted by torch's FlopCounterMode (matmuls, "
              f"forward and backward); 'of matmul' = update GFLOP/s over the {_MATMUL[report.get('precision', 'fp32')]} "
-             "matmul GFLOP/s (2048^3) measured "
+             f"matmul GFLOP/s ({report['matmul_size']}^3) measured "
              "in the same run at the same thread count. With several rounds, algorithms and the matmul reference "
              "are measured interleaved and medians over rounds are reported (single 2-thread measurements on this "
              "machine vary by up to 20%).", "",

@@ -53,6 +53,18 @@ def precision_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def cpu_has_native_bf16() -> bool | None:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), from /proc/cpuinfo; None
+    where that cannot be read. Without it, bf16 matmuls are emulated and far slower than float32 (a
+    2048^3 matmul took 100 s against 0.5 s at one thread on an AVX2-only EPYC)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return None
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16")) if flags else None
+
+
 def autocast(device: torch.device, precision: str):
     """The context `--run.precision` asks for: bfloat16 autocast (matmuls in bf16 with float32
     accumulation, float32 weights and optimizer state) or nothing ('fp32')."""

@@ -37,7 +37,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
-from offrl.nets import autocast
+from offrl.nets import autocast, cpu_has_native_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
@@ -74,6 +74,9 @@ class Run:
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
+        if cfg.run.precision == "bf16" and self.device.type == "cpu" and cpu_has_native_bf16() is False:
+            print("warning: --run.precision bf16 on a CPU without native bfloat16 (no AVX512-BF16 or AMX): "
+                  "bf16 matmuls are emulated and far slower than fp32 here", file=sys.stderr)
         seed_everything(cfg.seed)
         self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
         self.dataset_name = sanitize(cfg.run_label)

@@ -72,14 +72,15 @@ def test_speed_benchmark_reports_every_algorithm(precision, tmp_path):
     threads = torch.get_num_threads()
     try:
         report = speed.main(["--algos", "bc", "dt", "--warmup", "1", "--blocks", "1", "--per-block", "1",
-                             "--threads", "1", "--precision", precision, "--markdown", str(tmp_path / "speed.md")])
+                             "--threads", "1", "--precision", precision, "--matmul-size", "128", "--batch-size", "4",
+                             "--markdown", str(tmp_path / "speed.md")])
     finally:
         torch.set_num_threads(threads)
     (run,) = report["runs"]
     assert report["precision"] == precision and [r["algo"] for r in run["results"]] == ["bc", "dt"]
     assert all(r["median_ms"] > 0 and r["gflop_per_update"] > 0 for r in run["results"])
     table = (tmp_path / "speed.md").read_text()
-    assert "| 1 | dt | 64 |" in table and ("bfloat16" in table) == (precision == "bf16")
+    assert "| 1 | dt | 4 |" in table and ("bfloat16" in table) == (precision == "bf16")
 
 
 FAKE_RUN = """

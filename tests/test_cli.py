@@ -36,9 +36,10 @@ def test_td3_bc_beats_the_random_policy(tiny, tmp_path):
 
 
 def test_bf16_precision_trains(tiny, tmp_path):
-    """--run.precision bf16 (autocast) learns as fp32 does on tiny, and the run records it."""
+    """--run.precision bf16 (autocast) learns as fp32 does on tiny, and the run records it. Small networks:
+    on a CPU without native bfloat16 (AVX2 only) bf16 matmuls are emulated, about 6x slower than fp32."""
     run_cli(PYTHON, "-m", "algos.td3_bc", "--dataset", tiny, "--steps", "1500", "--eval.every", "0",
-            "--run.precision", "bf16", *FAST, "--run.out-dir", str(tmp_path))
+            "--run.precision", "bf16", "--hidden", "64", "64", *FAST, "--run.out-dir", str(tmp_path))
     run_dir = run_dir_of(tmp_path, "td3_bc")
     assert json.loads((run_dir / "config.json").read_text())["run"]["precision"] == "bf16"
     assert check_run_dir(run_dir)["eval/normalized_score"] > 50
