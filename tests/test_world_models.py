@@ -1,0 +1,343 @@
+"""Dynamics ensemble: the Gaussian NLL and log-variance bounds by hand, early stopping restores the
+best snapshot, elites are the lowest-holdout members, training resumes exactly."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from world_models.ensemble import (
+    DynamicsEnsemble,
+    EnsembleConfig,
+    EnsembleTrainer,
+    bound_logvar,
+    fit,
+    gaussian_nll,
+    transitions_to_training,
+)
+
+from conftest import PYTHON, run_cli
+
+SMALL = dict(members=4, elites=2, hidden=(32, 32), weight_decay=(0.0, 0.0, 0.0), batch_size=64)
+
+
+def linear_system(n=600, obs_dim=3, act_dim=2, seed=0):
+    """s' = s + 0.1 A a + noise, r = s_0 - |a|^2."""
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, obs_dim)).astype(np.float32)
+    act = rng.uniform(-1, 1, size=(n, act_dim)).astype(np.float32)
+    matrix = rng.normal(size=(act_dim, obs_dim)).astype(np.float32)
+    next_obs = obs + 0.1 * act @ matrix + 0.01 * rng.normal(size=obs.shape).astype(np.float32)
+    rewards = obs[:, 0] - (act ** 2).sum(1)
+    return transitions_to_training(obs, act, rewards, next_obs)
+
+
+def test_gaussian_nll_by_hand():
+    mean = torch.tensor([[[1.0, 0.0]], [[2.0, 2.0]]])  # [E=2, B=1, D=2]
+    logvar = torch.tensor([[[math.log(2.0), 0.0]], [[0.0, 0.0]]])
+    target = torch.zeros(1, 1, 2)
+    nll = gaussian_nll(mean, logvar, target)
+    # member 0: ((1 / 2 + log 2) + (0 + 0)) / 2; member 1: (4 + 4) / 2
+    torch.testing.assert_close(nll, torch.tensor([(0.5 + math.log(2.0)) / 2, 4.0]))
+
+
+def test_logvar_bounds_by_hand():
+    low, high = torch.tensor(-10.0), torch.tensor(0.5)
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
+    for value in (0.0, -3.0, 2.0):
+        upper = 0.5 - softplus(0.5 - value)
+        expected = -10.0 + softplus(upper + 10.0)
+        assert bound_logvar(torch.tensor(value), low, high).item() == pytest.approx(expected, abs=1e-5)
+    assert bound_logvar(torch.tensor(1e4), low, high).item() == pytest.approx(0.5, abs=1e-4)
+    assert bound_logvar(torch.tensor(-1e4), low, high).item() == pytest.approx(-10.0, abs=1e-4)
+
+
+def test_loss_adds_decay_and_the_bound_penalty():
+    cfg = EnsembleConfig(**{**SMALL, "weight_decay": (1e-3, 2e-3, 3e-3)})
+    model = DynamicsEnsemble(3, 2, cfg)
+    x, y = torch.randn(cfg.members, 5, 5), torch.randn(cfg.members, 5, 4)
+    loss, nll = model.loss(x, y)
+    layers = model.linear_layers()
+    decay = sum(d * 0.5 * (layer.weight ** 2).sum() for d, layer in zip(cfg.weight_decay, layers))
+    bounds = 0.01 * (4 * 0.5 - 4 * -10.0)  # 4 output dims: 3 for the state change, 1 for the reward
+    torch.testing.assert_close(loss, nll.sum() + decay + bounds)
+    assert len(layers) == 3 and layers[0].weight.shape == (4, 5, 32)  # one batched weight per layer
+    assert abs(layers[1].weight.std().item() - 1 / (2 * math.sqrt(32))) < 0.01 and layers[1].bias.abs().max() == 0
+
+
+def test_training_learns_and_picks_the_lowest_holdout_members_as_elites():
+    inputs, targets = linear_system()
+    model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, max_epochs=30))
+    trainer = EnsembleTrainer(model, inputs, targets, seed=0)
+    before = trainer.holdout_errors().mean()
+    fit(model, inputs, targets, trainer=trainer)
+    assert len(trainer.holdout_rows) == min(int(600 * 0.2), 1000) and trainer.epoch <= 30
+    errors = model.holdout_mse.numpy()
+    assert errors.mean() < 0.2 * before
+    assert model.elites == sorted(np.argsort(errors)[:2].tolist())
+    # inputs are standardized with statistics of the training split only
+    torch.testing.assert_close(model.input_mean, torch.as_tensor(inputs[trainer.train_rows].mean(0)), atol=1e-5, rtol=0)
+
+
+def test_early_stopping_restores_the_best_snapshot_not_the_last_weights():
+    inputs, targets = linear_system()
+    model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, patience=2))
+    trainer = EnsembleTrainer(model, inputs, targets, seed=0)
+    for _ in range(5):
+        trainer.train_epoch()
+    best = {k: v.clone() for k, v in trainer.snapshot.items()}
+    best_errors = trainer.best.copy()
+    with torch.no_grad():  # later epochs make every member worse, so none of them is snapshotted
+        for layer in model.linear_layers():
+            layer.weight.add_(torch.randn_like(layer.weight))
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.0
+    while not trainer.done:
+        trainer.train_epoch()
+    assert trainer.epochs_without_improvement == 2
+    trainer.finish()
+    for name, value in model.state_dict().items():
+        if name in best:
+            torch.testing.assert_close(value, best[name], rtol=0, atol=0)
+    np.testing.assert_allclose(model.holdout_mse.numpy(), best_errors, rtol=1e-5)
+
+
+def test_a_stopped_training_resumes_to_the_same_model(tmp_path):
+    from offrl import checkpoint as ckpt
+
+    inputs, targets = linear_system(n=300)
+    cfg = EnsembleConfig(**SMALL, max_epochs=6)
+    torch.manual_seed(0)
+    straight = DynamicsEnsemble(3, 2, cfg)
+    torch.manual_seed(0)
+    stopped = DynamicsEnsemble(3, 2, cfg)
+    fit(straight, inputs, targets, seed=1)
+
+    trainer = EnsembleTrainer(stopped, inputs, targets, seed=1)
+    for _ in range(3):
+        trainer.train_epoch()
+    ckpt.save(tmp_path / "model.pt", trainer.state_dict())
+    torch.manual_seed(5)
+    resumed = DynamicsEnsemble(3, 2, cfg)
+    again = EnsembleTrainer(resumed, inputs, targets, seed=99)
+    again.load_state_dict(ckpt.load(tmp_path / "model.pt"))
+    fit(resumed, inputs, targets, trainer=again)
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "InvertedPendulum-v5"])
+def test_termination_functions_agree_with_the_real_env(env_id):
+    """On >= 1000 transitions per env from random actions (Hopper and Walker2d fall within tens of steps,
+    so many are unhealthy) and, for Ant, from states whose height is set across its healthy range."""
+    import gymnasium as gym
+
+    from world_models.termination import termination_fn
+
+    fn = termination_fn(env_id)
+    env = gym.make(env_id)
+    rng = np.random.default_rng(0)
+    next_obs, terminated = [], []
+    obs, _ = env.reset(seed=0)
+    while len(terminated) < 1000:
+        obs, _, term, trunc, _ = env.step(rng.uniform(-1, 1, env.action_space.shape))
+        next_obs.append(obs)
+        terminated.append(term)
+        if term or trunc:
+            obs, _ = env.reset(seed=len(terminated))
+    if env_id == "Ant-v5":  # random actions rarely tip the ant over: set heights inside and outside [0.2, 1.0]
+        base = env.unwrapped
+        for z in np.linspace(0.0, 1.4, 300):
+            env.reset(seed=int(z * 1000))
+            qpos = base.data.qpos.copy()
+            qpos[2] = z
+            base.set_state(qpos, base.data.qvel.copy())
+            obs, _, term, _, _ = env.step(np.zeros(env.action_space.shape))
+            next_obs.append(obs)
+            terminated.append(term)
+    env.close()
+    predicted = fn(torch.as_tensor(np.array(next_obs), dtype=torch.float64)).numpy()
+    np.testing.assert_array_equal(predicted, np.array(terminated))
+    if env_id == "HalfCheetah-v5":
+        assert not any(terminated)
+    else:
+        assert 20 <= sum(terminated) < len(terminated)  # both kinds of state were checked
+
+
+def test_an_unknown_env_is_named_in_a_warning():
+    from world_models.termination import termination_fn
+
+    with pytest.warns(UserWarning, match="Reacher-v5"):
+        fn = termination_fn("Reacher-v5")
+    assert not fn(torch.zeros(4, 10)).any()
+
+
+TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
+              "--model.weight-decay", "0", "0", "0", "--model.max-epochs", "2"]
+
+
+def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_path, capsys):
+    from offrl import checkpoint as ckpt
+    from offrl.data import load_dataset
+    from world_models.train import cache_key, load_or_train
+
+    first = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir", str(tmp_path))
+    assert "epoch 1" in first.stderr and "elites: [" in first.stdout
+    second = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir", str(tmp_path))
+    assert "reusing" in second.stderr and "epoch 1" not in second.stderr
+    assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]  # the same model file
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16,), weight_decay=(0.0, 0.0), max_epochs=3)
+    straight, _ = load_or_train(dataset, cfg, seed=4, cache_dir=tmp_path / "a", progress=False)
+    # a training stopped after its first epoch leaves training.pt; the next call continues it
+    inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
+                                              dataset.next_observations)
+    torch.manual_seed(4)
+    partial = EnsembleTrainer(DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg), inputs, targets, seed=4)
+    partial.train_epoch()
+    folder = tmp_path / "b" / cache_key(dataset.metadata["checksum"], cfg, 4)
+    ckpt.save(folder / "training.pt", partial.state_dict())
+    capsys.readouterr()
+    resumed, path = load_or_train(dataset, cfg, seed=4, cache_dir=tmp_path / "b")
+    assert "continuing the training" in capsys.readouterr().err
+    assert path.exists() and not (folder / "training.pt").exists()
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+
+def test_a_model_of_other_dims_or_a_corrupt_file_is_refused(tmp_path):
+    from offrl.errors import CheckpointError
+    from world_models.train import load_model, save_model
+
+    model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL))
+    path = save_model(tmp_path / "m.pt", model, "abc", 0)
+    assert load_model(path, obs_dim=3, act_dim=2).elites == [0, 1]
+    with pytest.raises(CheckpointError, match="made for obs 3 / act 2"):
+        load_model(path, obs_dim=11, act_dim=3)
+    (tmp_path / "bad.pt").write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        load_model(tmp_path / "bad.pt")
+
+
+class FixedModel:
+    """A stand-in ensemble: every member predicts the given mean of [delta s, r] and log-variance."""
+
+    def __init__(self, mean, logvar, elites):
+        self.mean, self.logvar = torch.as_tensor(mean), torch.as_tensor(logvar)  # [E, D]
+        self.elite_index = torch.as_tensor(elites)
+
+    def __call__(self, obs, actions):
+        n = obs.shape[0]
+        return self.mean[:, None].expand(-1, n, -1), self.logvar[:, None].expand(-1, n, -1)
+
+
+def test_penalties_on_a_hand_built_two_member_ensemble():
+    from world_models.rollout import aleatoric_penalty, bellman_penalty, disagreement_penalty, model_step
+
+    mean = torch.tensor([[[1.0, 0.0, 5.0]], [[3.0, 2.0, 7.0]]])  # [E=2, N=1, D=3]: delta s (2 dims), r
+    std = torch.tensor([[[3.0, 4.0, 0.0]], [[1.0, 1.0, 1.0]]])
+    torch.testing.assert_close(aleatoric_penalty(std), torch.tensor([5.0]))  # max(||(3,4,0)||, ||(1,1,1)||)
+    # state means (1, 0) and (3, 2): each 1.414 from their mean (2, 1); rewards do not count
+    torch.testing.assert_close(disagreement_penalty(mean), torch.tensor([math.sqrt(2.0)]))
+
+    model = FixedModel([[1.0, 0.0, 5.0], [3.0, 2.0, 7.0]], [[-40.0] * 3] * 2, elites=[0, 1])  # sigma ~ 2e-9
+    obs = torch.tensor([[10.0, 20.0], [0.0, 0.0]])
+    policy = lambda s: torch.zeros(s.shape[0], 1)  # noqa: E731
+    target_q = lambda s, a: 2.0 * s[:, 0] + s[:, 1]  # noqa: E731
+    # q per elite at s + mu_i: elite 0 -> 2 * (s0 + 1) + s1, elite 1 -> 2 * (s0 + 3) + s1 + 2: a gap of 6
+    u = bellman_penalty(model, obs, torch.zeros(2, 1), policy, target_q, samples=4)
+    torch.testing.assert_close(u, torch.full((2,), 6.0 / math.sqrt(2.0)), atol=1e-4, rtol=0)  # Bessel-corrected std
+    step = model_step(model, obs, torch.zeros(2, 1), lambda s: s[:, 0] > 100, torch.Generator().manual_seed(0))
+    assert set(step.rewards.round().tolist()) <= {5.0, 7.0}  # a random elite per row
+
+
+def test_rollouts_stop_at_terminals_and_the_buffer_keeps_the_last_rounds():
+    from offrl.data.buffer import ReplayBuffer
+    from world_models.rollout import mixed_batch, rollout
+
+    model = FixedModel([[1.0, 0.5]], [[-40.0, -40.0]], elites=[0])  # s' = s + 1, r = 0.5
+    buffer = ReplayBuffer(1, 1, capacity=100)
+    start = torch.tensor([[0.0], [2.0], [5.0]])
+    stats = rollout(model, lambda s: torch.zeros(s.shape[0], 1), start, horizon=4,
+                    termination=lambda s: s[:, 0] >= 4, buffer=buffer)
+    # row from 0: 0->1->2->3->4 (terminal at its 4th step); from 2: 2->3->4 (2 steps); from 5: 5->6 (terminal at once)
+    assert len(buffer) == 4 + 2 + 1 == int(stats.transitions)
+    rows = buffer.storage[: len(buffer)]
+    assert rows[:, 0].tolist() == [0.0, 2.0, 5.0, 1.0, 3.0, 2.0, 3.0]
+    assert rows[:, -1].tolist() == [0, 0, 1, 0, 1, 0, 1]  # terminal flags, in step order
+    assert torch.allclose(rows[:, 2], torch.full((7,), 0.5))
+    small = ReplayBuffer(1, 1, capacity=5)  # FIFO: the oldest rows go first
+    rollout(model, lambda s: torch.zeros(s.shape[0], 1), start, 4, lambda s: s[:, 0] >= 4, small)
+    assert small.storage[:, 0].tolist() == [2.0, 3.0, 5.0, 1.0, 3.0]  # the last two rows overwrote the first two
+    real = ReplayBuffer(1, 1, capacity=10)
+    real.add(torch.full((10, 1), -1.0), torch.zeros(10, 1), torch.zeros(10), torch.zeros(10, 1), torch.zeros(10))
+    batch = mixed_batch(real, buffer, batch_size=20, real_ratio=0.05)
+    assert batch.observations.shape == (20, 1) and (batch.observations[:1] == -1).all() and (batch.observations[1:] >= 0).all()
+
+
+def random_hopper_dataset(episodes=6, seed=0):
+    """Hopper-v5 under uniform random actions, as an offrl Dataset."""
+    import gymnasium as gym
+
+    from offrl.data.dataset import Dataset, close_open_episodes
+
+    env = gym.make("Hopper-v5")
+    rng = np.random.default_rng(seed)
+    cols = {k: [] for k in ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")}
+    starts = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        starts.append(len(cols["rewards"]))
+        done = False
+        while not done:
+            action = rng.uniform(-1, 1, 3)
+            next_obs, reward, term, trunc, _ = env.step(action)
+            for key, value in zip(cols, (obs, action, reward, next_obs, term, trunc)):
+                cols[key].append(value)
+            obs, done = next_obs, term or trunc
+    env.close()
+    arrays = {k: np.asarray(v, np.float32) for k, v in cols.items()}
+    arrays["timeouts"] = close_open_episodes(arrays["timeouts"], arrays["terminals"], np.array(starts))
+    return Dataset(**arrays, episode_starts=np.array(starts), metadata={"name": "hopper-random", "env_id": "Hopper-v5"})
+
+
+def test_state_restore_reproduces_the_next_observation():
+    import gymnasium as gym
+
+    from world_models.evaluate import restorable, restore_state
+
+    env, replay = gym.make("Hopper-v5"), gym.make("Hopper-v5")
+    rng = np.random.default_rng(1)
+    obs, _ = env.reset(seed=3)
+    replay.reset(seed=0)
+    checked = 0
+    for _ in range(40):
+        action = rng.uniform(-1, 1, 3)
+        next_obs, _, term, _, _ = env.step(action)
+        if restorable(env, obs):
+            restore_state(replay, obs)
+            again, _, _, _, _ = replay.step(action)
+            np.testing.assert_allclose(again, next_obs, rtol=0, atol=1e-9)
+            checked += 1
+        if term:
+            break
+        obs = next_obs
+    assert checked >= 5
+
+
+def test_model_error_report(tmp_path):
+    from world_models.evaluate import evaluate_model, write_report
+
+    dataset = random_hopper_dataset()
+    inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
+                                              dataset.next_observations)
+    model = DynamicsEnsemble(11, 3, EnsembleConfig(**{**SMALL, "max_epochs": 3}))
+    fit(model, inputs, targets)
+    report = evaluate_model(model, dataset, "Hopper-v5", horizon=3, starts=15)
+    assert report["starts"] >= 5 and set(report["obs_error"]) >= {"elite mean"} and len(report["obs_error"]) == 5
+    assert all(len(v) == 3 and np.isfinite(v[0]) for v in report["obs_error"].values())
+    write_report(report, tmp_path, "t", "python -m world_models.evaluate ...")
+    text = (tmp_path / "model-error.md").read_text()
+    assert "| elite mean |" in text and "member 0" in text and (tmp_path / "model-error.png").stat().st_size > 1000

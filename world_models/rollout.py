@@ -1,0 +1,131 @@
+"""Model rollouts on the training device, their uncertainty penalties, and real/model batch mixing.
+
+A branched rollout (MBPO, MOPO, MOBILE, RAVL) starts from dataset states and runs the policy inside
+the model for h steps: at each step every row asks a random elite member and samples its Gaussian,
+s' = s + delta, r = reward sample, and a row that reaches a terminal state stops there. The
+transitions go to a model replay buffer that keeps the last `retain_epochs` rollout rounds (a FIFO
+of `rollout_batch * h * retain_epochs` rows, as OfflineRL-Kit sizes it), and a training batch mixes
+`real_ratio` dataset transitions with model ones.
+
+Uncertainty measures, per (s, a) row, from the ensemble's predictions:
+    aleatoric (MOPO)       max over all members i of ||sigma_i(s, a)||_2 (every output, reward included)
+    disagreement           max over all members i of ||mu_i(s, a) - mean_j mu_j(s, a)||_2 (state part)
+    bellman (MOBILE)       std over elites i of mean_m min_j Q_targ_j(s'_{i,m}, a'_{i,m}),
+                           s'_{i,m} ~ N(s + mu_i, sigma_i^2) (state part), a' ~ pi(s'), m = 1..M
+as in OfflineRL-Kit's `EnsembleDynamics.step` and `MOBILEPolicy.compute_lcb` (std with Bessel's
+correction, as torch's default there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from offrl.data.buffer import Batch, ReplayBuffer
+from world_models.ensemble import DynamicsEnsemble
+from world_models.termination import TerminationFn
+
+
+@dataclass
+class Step:
+    next_observations: torch.Tensor  # [N, obs_dim]
+    rewards: torch.Tensor  # [N]
+    terminals: torch.Tensor  # [N] bool
+    mean: torch.Tensor  # [E, N, obs_dim + 1], every member's predicted mean of [delta s, r]
+    std: torch.Tensor  # [E, N, obs_dim + 1]
+
+
+@torch.no_grad()
+def model_step(model: DynamicsEnsemble, obs: torch.Tensor, actions: torch.Tensor, termination: TerminationFn,
+               generator: torch.Generator | None = None) -> Step:
+    """One step of every row through a random elite's Gaussian."""
+    mean, logvar = model(obs, actions)
+    std = (0.5 * logvar).exp()
+    n = obs.shape[0]
+    elites = model.elite_index
+    pick = elites[torch.randint(len(elites), (n,), device=obs.device, generator=generator)]
+    rows = torch.arange(n, device=obs.device)
+    noise = torch.randn(n, mean.shape[-1], device=obs.device, generator=generator)
+    sample = mean[pick, rows] + std[pick, rows] * noise
+    next_obs = obs + sample[:, :-1]
+    return Step(next_obs, sample[:, -1], termination(next_obs), mean, std)
+
+
+def aleatoric_penalty(std: torch.Tensor) -> torch.Tensor:
+    """MOPO: max_i ||sigma_i||_2 over all members. [E, N, D] -> [N]."""
+    return std.norm(dim=-1).amax(dim=0)
+
+
+def disagreement_penalty(mean: torch.Tensor) -> torch.Tensor:
+    """max_i ||mu_i - mean_j mu_j||_2 over the state part of all members. [E, N, D] -> [N]."""
+    states = mean[..., :-1]
+    return (states - states.mean(dim=0)).norm(dim=-1).amax(dim=0)
+
+
+@torch.no_grad()
+def bellman_penalty(model: DynamicsEnsemble, obs: torch.Tensor, actions: torch.Tensor,
+                    policy: Callable[[torch.Tensor], torch.Tensor], target_q: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    samples: int = 10, generator: torch.Generator | None = None) -> torch.Tensor:
+    """MOBILE: std over elites of the mean over `samples` next states of min_j Q_targ(s', pi(s')). [N].
+
+    `policy(s)` samples a' (as SAC's actor does); `target_q(s, a)` is the min over target critics, [B]."""
+    mean, logvar = model(obs, actions)
+    elites = model.elite_index
+    mean, std = mean[elites, :, :-1], (0.5 * logvar[elites, :, :-1]).exp()  # [K, N, obs]
+    noise = torch.randn((samples, *mean.shape), device=obs.device, generator=generator)
+    next_obs = (obs + mean + std * noise).reshape(-1, obs.shape[-1])  # [M * K * N, obs]
+    q = target_q(next_obs, policy(next_obs)).reshape(samples, len(elites), obs.shape[0])
+    return q.mean(dim=0).std(dim=0)
+
+
+@dataclass
+class RolloutStats:
+    transitions: torch.Tensor  # scalar tensors, gathered by the caller when it logs
+    reward_mean: torch.Tensor
+    terminal_fraction: torch.Tensor
+    penalty_mean: torch.Tensor
+
+
+@torch.no_grad()
+def rollout(model: DynamicsEnsemble, policy: Callable[[torch.Tensor], torch.Tensor], start_obs: torch.Tensor,
+            horizon: int, termination: TerminationFn, buffer: ReplayBuffer,
+            penalty: Callable[[Step, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+            penalty_coef: float = 0.0, generator: torch.Generator | None = None) -> RolloutStats:
+    """Run `policy` in the model from `start_obs` for `horizon` steps and add each live row's transition
+    to `buffer`, its reward lowered by `penalty_coef * penalty(step, obs, actions)` (MOPO). A row stops
+    after the step that reaches a terminal state; the transitions of rows still running are kept
+    in the buffer with terminal = 0. One host sync per step (the live rows' count)."""
+    obs = start_obs
+    device = start_obs.device
+    count, reward_sum, terminal_sum, penalty_sum = (torch.zeros((), device=device) for _ in range(4))
+    for _ in range(horizon):
+        actions = policy(obs)
+        step = model_step(model, obs, actions, termination, generator)
+        rewards = step.rewards
+        if penalty is not None and penalty_coef:
+            value = penalty(step, obs, actions)
+            penalty_sum += value.sum()
+            rewards = rewards - penalty_coef * value
+        terminals = step.terminals
+        buffer.add(obs, actions, rewards, step.next_observations, terminals.float())
+        count += obs.shape[0]
+        reward_sum += rewards.sum()
+        terminal_sum += terminals.sum()
+        alive = ~terminals
+        if not bool(alive.any()):
+            break
+        obs = step.next_observations[alive]
+    return RolloutStats(count, reward_sum / count, terminal_sum / count, penalty_sum / count)
+
+
+def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_ratio: float) -> Batch:
+    """`round(real_ratio * batch_size)` dataset rows followed by model rows (MOPO, MOBILE, RAVL: 0.05)."""
+    n_real = int(round(real_ratio * batch_size))
+    if n_real == batch_size or len(model) == 0:
+        return real.sample(batch_size)
+    if n_real == 0:
+        return model.sample(batch_size)
+    a, b = real.sample(n_real), model.sample(batch_size - n_real)
+    return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))

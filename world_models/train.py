@@ -1,0 +1,161 @@
+"""Train a dynamics ensemble on a dataset, or find the one already trained: `python -m world_models.train`.
+
+    python -m world_models.train --dataset offrl/hopper/medium-replay-v0
+    python -m world_models.train --dataset my-data.npz --model.max-epochs 50 --seed 1
+    python -m world_models.train --dataset offrl/tiny-v0 --retrain
+
+A trained model is cached under `<cache>/<dataset checksum>-<config hash>/model.pt`, where the hash
+covers the ensemble config and the seed, so every algorithm run on the same data and config reuses
+it (`world_models.train.load_or_train`); `--model-path` names a model file explicitly. Training
+writes its full state after every epoch (`training.pt` beside it), so a killed training continues
+from its last epoch when started again. Files are written atomically and read with
+`torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from offrl import checkpoint as ckpt
+from offrl.config import resolve_device
+from offrl.data.dataset import Dataset
+from offrl.errors import CheckpointError, OffrlError
+from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, fit, transitions_to_training
+
+FORMAT = "offrl-dynamics-v1"
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("OFFRL_MODELS", Path.home() / ".cache" / "offrl" / "models"))
+
+
+@dataclass
+class TrainModelConfig:
+    dataset: str = "offrl/tiny-v0"
+    """Minari dataset id, D4RL .hdf5 or offrl .npz file."""
+    model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    seed: int = 0
+    """Seed of the holdout split, bootstrap samples and initialization."""
+    device: str = "auto"
+    """'auto' (cuda when available), 'cpu', 'cuda', ..."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default)."""
+    cache_dir: Optional[str] = None
+    """Where trained models are kept (default: $OFFRL_MODELS or ~/.cache/offrl/models)."""
+    retrain: bool = False
+    """Train a new model even when the cache has one for this dataset and config."""
+    progress: bool = True
+    """Print a line per epoch: train NLL and holdout MSE per member."""
+
+
+def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
+    config = json.dumps({"model": asdict(cfg), "seed": seed}, sort_keys=True)
+    return f"{dataset_checksum}-{hashlib.sha256(config.encode()).hexdigest()[:12]}"
+
+
+def save_model(path: Path, model: DynamicsEnsemble, dataset_checksum: str, seed: int, extra: dict | None = None) -> Path:
+    return ckpt.save(path, {"format": FORMAT, "model": model.state_dict(), "obs_dim": model.obs_dim,
+                            "act_dim": model.act_dim, "config": json.dumps(asdict(model.cfg)), "seed": seed,
+                            "dataset_checksum": dataset_checksum, **(extra or {})})
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu", obs_dim: int | None = None,
+               act_dim: int | None = None) -> DynamicsEnsemble:
+    """A saved model; with obs_dim/act_dim, a model of other dims is refused with a clear error."""
+    state = ckpt.load(path, map_location="cpu")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"dynamics model {path}: not an offrl dynamics model (no '{FORMAT}' format tag)")
+    if (obs_dim is not None and state["obs_dim"] != obs_dim) or (act_dim is not None and state["act_dim"] != act_dim):
+        raise CheckpointError(f"dynamics model {path}: made for obs {state['obs_dim']} / act {state['act_dim']}, "
+                              f"the data has obs {obs_dim} / act {act_dim}")
+    cfg = EnsembleConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(state["config"]).items()})
+    model = DynamicsEnsemble(state["obs_dim"], state["act_dim"], cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"dynamics model {path}: weights do not fit its config: {str(exc).splitlines()[0]}") from None
+    return model.to(device)
+
+
+def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: torch.device | str = "cpu",
+                  model_path: str | None = None, retrain: bool = False, cache_dir: str | Path | None = None,
+                  progress: bool = True) -> tuple[DynamicsEnsemble, Path]:
+    """The model for `dataset` (raw, unnormalized transitions): `model_path` if given, else the cached
+    one for this dataset, config and seed, else a new one trained (continuing a stopped training)."""
+    device = torch.device(device)
+    if model_path is not None:
+        return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
+    checksum = dataset.metadata.get("checksum") or dataset.checksum()
+    folder = Path(cache_dir or default_cache()) / cache_key(checksum, cfg, seed)
+    path, training = folder / "model.pt", folder / "training.pt"
+    if path.exists() and not retrain:
+        if progress:
+            print(f"dynamics model: reusing {path}", file=sys.stderr)
+        return load_model(path, device, dataset.obs_dim, dataset.act_dim), path
+    if retrain:
+        for stale in (path, training):
+            stale.unlink(missing_ok=True)
+    inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
+                                              dataset.next_observations)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg).to(device)
+    trainer = EnsembleTrainer(model, inputs, targets, seed)
+    if training.exists():
+        trainer.load_state_dict(ckpt.load(training, map_location=device))
+        if progress:
+            print(f"dynamics model: continuing the training in {training} at epoch {trainer.epoch}", file=sys.stderr)
+    start = time.perf_counter()
+
+    def on_epoch(t: EnsembleTrainer) -> None:
+        ckpt.save(training, t.state_dict())
+        if progress:
+            holdout = " ".join(f"{x:.4g}" for x in t.last_holdout)
+            print(f"dynamics model | epoch {t.epoch} | train NLL {np.mean(t.last_train_nll):.4g} | holdout MSE per "
+                  f"member {holdout} | {t.epochs_without_improvement}/{cfg.patience} epochs without improvement | "
+                  f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    fit(model, inputs, targets, on_epoch=on_epoch, trainer=trainer)
+    save_model(path, model, checksum, seed, {"epochs": trainer.epoch, "dataset": dataset.metadata.get("name")})
+    training.unlink(missing_ok=True)
+    if progress:
+        errors = " ".join(f"{x:.4g}" for x in model.holdout_mse.tolist())
+        print(f"dynamics model: {trainer.epoch} epochs; holdout MSE per member {errors}; elites {model.elites} "
+              f"-> {path}", file=sys.stderr)
+    return model, path
+
+
+def main(cfg: TrainModelConfig) -> Path:
+    from offrl.data import load_dataset
+    from offrl.data import suite
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    suite.ensure(cfg.dataset)
+    dataset = load_dataset(cfg.dataset)
+    model, path = load_or_train(dataset, cfg.model, cfg.seed, resolve_device(cfg.device), retrain=cfg.retrain,
+                                cache_dir=cfg.cache_dir, progress=cfg.progress)
+    print(f"holdout MSE per member: {', '.join(f'{x:.4g}' for x in model.holdout_mse.tolist())}")
+    print(f"elites: {model.elites}")
+    print(f"model: {path}")
+    return path
+
+
+if __name__ == "__main__":
+    import tyro
+
+    try:
+        main(tyro.cli(TrainModelConfig))
+    except OffrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
