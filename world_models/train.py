@@ -79,7 +79,8 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", obs_dim: in
         raise CheckpointError(f"dynamics model {path}: made for obs {state['obs_dim']} / act {state['act_dim']}, "
                               f"the data has obs {obs_dim} / act {act_dim}")
     cfg = EnsembleConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(state["config"]).items()})
-    model = DynamicsEnsemble(state["obs_dim"], state["act_dim"], cfg)
+    with torch.random.fork_rng(devices=[]):  # the weights are overwritten: leave the caller's RNG as it was
+        model = DynamicsEnsemble(state["obs_dim"], state["act_dim"], cfg)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:

@@ -1,0 +1,193 @@
+"""MOPO: "Model-based Offline Policy Optimization" (Yu et al., NeurIPS 2020).
+
+SAC trained on a mix of dataset transitions and short rollouts of a learned dynamics ensemble, whose
+rewards are lowered by the model's uncertainty:
+
+    r~(s, a) = r^(s, a) - lambda * max_i ||sigma_i(s, a)||_2      (every member's predicted std of [s' - s, r])
+    every `rollout_every` steps: `rollout_batch` dataset states, h steps of the current policy in the model
+        (a random elite per row, sampled next state and reward, rows stop at terminals), into a model
+        buffer keeping the last `retain_epochs` rounds
+    batch = `real_ratio` dataset rows + model rows;  SAC (auto-entropy) on it:
+    y = r + gamma (1 - d) (min_j Q_targ_j(s', a') - alpha log pi(a'|s')),  L_Q = sum_j mean (Q_j - y)^2
+    L_pi = mean (alpha log pi(a~|s) - min_j Q_j(s, a~))
+
+The dynamics model is `world_models.ensemble` (7 members, 5 elites, 4 x 200; FACTS.md section 13),
+trained on the raw dataset and cached by dataset checksum and config (`--model-path` to pass one).
+Terminations come from `world_models.termination` (the Gymnasium v5 env's own rule).
+
+Defaults (FACTS.md section 9, OfflineRL-Kit's `run_mopo.py`): SAC 2 x 256, actor lr 1e-4, critic lr
+3e-4, alpha lr 1e-4 from alpha 1 with target entropy -|A|, batch 256, gamma 0.99, tau 5e-3, real
+ratio 0.05, rollouts of 50k states every 1000 steps kept for 5 rounds, 3M steps. (h, lambda) per
+dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), also used for the offrl suite's
+datasets of the same env and level; on any other data h = 5, lambda = 1.0 unless given.
+
+Deviations: the official code is TensorFlow (MBPO-based); this follows OfflineRL-Kit's PyTorch port.
+The penalty takes the max over all members, as both do. Checkpoints hold the model buffer, so a
+resumed run continues exactly (they are correspondingly large: 50k x 5 x 5 rows by default).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from offrl.checkpoint import Stateful
+from offrl.config import EvalConfig, TrainConfig
+from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
+from offrl.errors import OffrlError
+from offrl.evaluation import env_spec_from_metadata
+from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.run import Run, cli_main
+from world_models.ensemble import EnsembleConfig
+from world_models.rollout import SeededGenerator, aleatoric_penalty, mixed_batch, rollout
+from world_models.termination import termination_fn
+from world_models.train import load_or_train
+
+# (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (FACTS.md section 9).
+SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
+            ("halfcheetah", "medium-replay"): (5, 0.5), ("hopper", "medium-replay"): (5, 2.5),
+            ("walker2d", "medium-replay"): (1, 2.5), ("halfcheetah", "medium-expert"): (5, 2.5),
+            ("hopper", "medium-expert"): (5, 5.0), ("walker2d", "medium-expert"): (1, 2.5)}
+DEFAULT_SETTING = (5, 1.0)
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = 3_000_000
+    """Gradient steps (3000 epochs of 1000)."""
+    batch_size: int = 256
+    """Transitions per gradient step (real and model)."""
+    actor_lr: float = 1e-4
+    """Adam learning rate of the actor."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the critics."""
+    alpha_lr: float = 1e-4
+    """Adam learning rate of log alpha."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 5e-3
+    """Polyak rate of the target critics."""
+    rollout_length: Optional[int] = None
+    """h: model steps per rollout (default: the dataset's entry in the table, else 5)."""
+    penalty_coef: Optional[float] = None
+    """lambda: weight of the uncertainty penalty (default: the dataset's entry, else 1.0)."""
+    rollout_every: int = 1000
+    """Gradient steps between rollout rounds."""
+    rollout_batch: int = 50_000
+    """Dataset states each rollout round starts from."""
+    retain_epochs: int = 5
+    """Rollout rounds the model buffer keeps."""
+    real_ratio: float = 0.05
+    """Fraction of each batch drawn from the dataset."""
+    model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    model_path: Optional[str] = None
+    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
+    retrain_model: bool = False
+    """Train the dynamics model anew even when one is cached."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
+
+
+def dataset_setting(name: str) -> tuple[int, float]:
+    """(h, lambda) for a dataset name such as offrl/hopper/medium-replay-v0 or hopper-medium-replay-v2."""
+    text = name.lower().replace("/", "-")
+    for (env, level), setting in SETTINGS.items():
+        if f"{env}-{level}-v" in text:
+            return setting
+    return DEFAULT_SETTING
+
+
+class MOPO(Stateful):
+    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+    VALUES = ("log_alpha",)
+
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        obs_dim, act_dim = data.obs_dim, data.act_dim
+        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, 2, cfg.hidden).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
+        self.target_entropy = -float(act_dim)
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor(batch.next_observations)
+            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
+            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
+        q = self.critic(batch.observations, batch.actions)
+        critic_loss = ((q - target) ** 2).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        actions, log_prob = self.actor(batch.observations)
+        actor_loss = (alpha * log_prob - self.critic(batch.observations, actions).min(dim=0).values).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_opt.step()
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
+                "alpha": alpha, "entropy": -log_prob.detach().mean()}
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)[0]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(obs)
+
+
+Agent = MOPO
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0:
+        raise OffrlError("mopo trains its dynamics model and policy on raw data: drop --data.normalize-states "
+                         "and reward scaling")
+    horizon, penalty_coef = dataset_setting(cfg.dataset)
+    horizon = cfg.rollout_length or horizon
+    penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
+    run = Run("mopo", cfg, data)
+    model, model_file = load_or_train(data.dataset, cfg.model, cfg.seed, run.device, cfg.model_path, cfg.retrain_model)
+    termination = termination_fn(env_spec_from_metadata(data.metadata))
+    real = data.buffer(run.device, seed=cfg.seed)
+    fake = ReplayBuffer(data.obs_dim, data.act_dim, cfg.rollout_batch * horizon * cfg.retain_epochs, run.device,
+                        seed=cfg.seed + 1)
+    starts = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed + 2)  # rollout start states
+    rollout_rng = SeededGenerator(run.device, cfg.seed + 3)
+    agent = MOPO(cfg, data, run.device)
+    state = {"agent": agent, "real": real, "model_buffer": fake, "starts": starts, "rollout_rng": rollout_rng}
+    print(f"mopo: rollout length {horizon}, penalty coefficient {penalty_coef}, elites {model.elites}")
+    rollout_metrics: dict[str, torch.Tensor] = {}
+    for step in run.steps(state):
+        if (step - 1) % cfg.rollout_every == 0:
+            stats = rollout(model, agent.explore, starts.sample(cfg.rollout_batch).observations, horizon, termination,
+                            fake, lambda s, o, a: aleatoric_penalty(s.std), penalty_coef, rollout_rng.generator)
+            rollout_metrics = {"rollout/transitions": stats.transitions, "rollout/reward_mean": stats.reward_mean,
+                               "rollout/terminal_fraction": stats.terminal_fraction, "rollout/penalty_mean": stats.penalty_mean}
+        with run.precision():
+            metrics = agent.update(mixed_batch(real, fake, cfg.batch_size, cfg.real_ratio))
+        run.log(step, {**metrics, **rollout_metrics})
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish({"model_file": str(model_file), "rollout_length": horizon, "penalty_coef": penalty_coef})
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)
