@@ -29,22 +29,17 @@ resumed run continues exactly (they are correspondingly large: 50k x 5 x 5 rows 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from offrl.checkpoint import Stateful
-from offrl.config import EvalConfig, TrainConfig
-from offrl.data import Batch, ReplayBuffer, TrainingData, load_for_training
-from offrl.errors import OffrlError
-from offrl.evaluation import env_spec_from_metadata
+from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 from offrl.run import Run, cli_main
-from world_models.ensemble import EnsembleConfig
-from world_models.rollout import SeededGenerator, aleatoric_penalty, mixed_batch, rollout
-from world_models.termination import termination_fn
-from world_models.train import load_or_train
+from world_models.config import ModelBasedConfig, dataset_setting
+from world_models.rollout import ModelData, aleatoric_penalty
 
 # (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
@@ -55,50 +50,9 @@ DEFAULT_SETTING = (5, 1.0)
 
 
 @dataclass
-class Config(TrainConfig):
-    steps: int = 3_000_000
-    """Gradient steps (3000 epochs of 1000)."""
-    batch_size: int = 256
-    """Transitions per gradient step (real and model)."""
-    actor_lr: float = 1e-4
-    """Adam learning rate of the actor."""
-    critic_lr: float = 3e-4
-    """Adam learning rate of the critics."""
-    alpha_lr: float = 1e-4
-    """Adam learning rate of log alpha."""
-    hidden: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of actor and critics."""
-    gamma: float = 0.99
-    """Discount."""
-    tau: float = 5e-3
-    """Polyak rate of the target critics."""
-    rollout_length: Optional[int] = None
-    """h: model steps per rollout (default: the dataset's entry in the table, else 5)."""
+class Config(ModelBasedConfig):
     penalty_coef: Optional[float] = None
     """lambda: weight of the uncertainty penalty (default: the dataset's entry, else 1.0)."""
-    rollout_every: int = 1000
-    """Gradient steps between rollout rounds."""
-    rollout_batch: int = 50_000
-    """Dataset states each rollout round starts from."""
-    retain_epochs: int = 5
-    """Rollout rounds the model buffer keeps."""
-    real_ratio: float = 0.05
-    """Fraction of each batch drawn from the dataset."""
-    model: EnsembleConfig = field(default_factory=EnsembleConfig)
-    model_path: Optional[str] = None
-    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
-    retrain_model: bool = False
-    """Train the dynamics model anew even when one is cached."""
-    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
-
-
-def dataset_setting(name: str) -> tuple[int, float]:
-    """(h, lambda) for a dataset name such as offrl/hopper/medium-replay-v0 or hopper-medium-replay-v2."""
-    text = name.lower().replace("/", "-")
-    for (env, level), setting in SETTINGS.items():
-        if f"{env}-{level}-v" in text:
-            return setting
-    return DEFAULT_SETTING
 
 
 class MOPO(Stateful):
@@ -157,36 +111,25 @@ Agent = MOPO
 
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0:
-        raise OffrlError("mopo trains its dynamics model and policy on raw data: drop --data.normalize-states "
-                         "and reward scaling")
-    horizon, penalty_coef = dataset_setting(cfg.dataset)
+    ModelData.check_raw(data, "mopo")
+    horizon, penalty_coef = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
     run = Run("mopo", cfg, data)
-    model, model_file = load_or_train(data.dataset, cfg.model, cfg.seed, run.device, cfg.model_path, cfg.retrain_model)
-    termination = termination_fn(env_spec_from_metadata(data.metadata))
-    real = data.buffer(run.device, seed=cfg.seed)
-    fake = ReplayBuffer(data.obs_dim, data.act_dim, cfg.rollout_batch * horizon * cfg.retain_epochs, run.device,
-                        seed=cfg.seed + 1)
-    starts = ReplayBuffer.from_dataset(data.dataset, run.device, seed=cfg.seed + 2)  # rollout start states
-    rollout_rng = SeededGenerator(run.device, cfg.seed + 3)
+    model_data, model_file = ModelData.create(data, cfg, horizon, run.device)
     agent = MOPO(cfg, data, run.device)
-    state = {"agent": agent, "real": real, "model_buffer": fake, "starts": starts, "rollout_rng": rollout_rng}
-    print(f"mopo: rollout length {horizon}, penalty coefficient {penalty_coef}, elites {model.elites}")
+    state = {"agent": agent, **model_data.objects()}
+    print(f"mopo: rollout length {horizon}, penalty coefficient {penalty_coef}, elites {model_data.model.elites}")
     rollout_metrics: dict[str, torch.Tensor] = {}
     for step in run.steps(state):
         if (step - 1) % cfg.rollout_every == 0:
-            stats = rollout(model, agent.explore, starts.sample(cfg.rollout_batch).observations, horizon, termination,
-                            fake, lambda s, o, a: aleatoric_penalty(s.std), penalty_coef, rollout_rng.generator)
-            rollout_metrics = {"rollout/transitions": stats.transitions, "rollout/reward_mean": stats.reward_mean,
-                               "rollout/terminal_fraction": stats.terminal_fraction, "rollout/penalty_mean": stats.penalty_mean}
+            rollout_metrics = model_data.rollout(agent.explore, lambda s, o, a: aleatoric_penalty(s.std), penalty_coef)
         with run.precision():
-            metrics = agent.update(mixed_batch(real, fake, cfg.batch_size, cfg.real_ratio))
+            metrics = agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
         run.log(step, {**metrics, **rollout_metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
-    return run.finish({"model_file": str(model_file), "rollout_length": horizon, "penalty_coef": penalty_coef})
+    return run.finish({"model_file": model_file, "rollout_length": horizon, "penalty_coef": penalty_coef})
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
 
 
 def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
+    """Stopped after 100 steps and continued to 200, as one 200-step run (MOPO has no schedule that depends
+    on --steps; MOBILE's cosine actor schedule does, so its runs resume exactly only with the same --steps)."""
     args = ["--eval.every", "0", *FAST]
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "straight"))
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "100", *args, "--run.out-dir", str(tmp_path / "split"))
@@ -44,3 +46,12 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
     finals = [json.loads(next((tmp_path / name).glob("mopo/*/*/final.json")).read_text()) for name in ("straight", "split")]
     assert finals[0]["eval/return_mean"] == finals[1]["eval/return_mean"]
     assert finals[0]["train/critic_loss"] == finals[1]["train/critic_loss"]
+
+
+def test_mobile_smoke(tiny, tmp_path, model_cache):
+    result = run_cli(PYTHON, "-m", "algos.mobile", "--steps", "150", "--eval.every", "100", "--num-samples", "3", *FAST,
+                     "--run.out-dir", str(tmp_path))
+    assert "final normalized score" in result.stdout and "beta 1.0, alpha tuned" in result.stdout
+    (run_dir,) = tmp_path.glob("mobile/*/*")
+    final = json.loads((run_dir / "final.json").read_text())
+    assert np.isfinite(final["eval/normalized_score"]) and final["train/penalty_mean"] > 0

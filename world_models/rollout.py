@@ -143,3 +143,53 @@ def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_r
         return model.sample(batch_size)
     a, b = real.sample(n_real), model.sample(batch_size - n_real)
     return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))
+
+
+class ModelData:
+    """What a model-based run keeps beside its agent: the dataset buffer, the model buffer (FIFO of
+    `rollout_batch * horizon * retain_epochs` rows), the start-state sampler and the rollout RNG. All of
+    it goes into the run's checkpoint (`objects()`), the model rows included, so a resumed run is exact."""
+
+    def __init__(self, data, model: DynamicsEnsemble, termination: TerminationFn, horizon: int, rollout_batch: int,
+                 retain_epochs: int, device: torch.device, seed: int):
+        self.model, self.termination, self.horizon, self.rollout_batch = model, termination, horizon, rollout_batch
+        self.real = data.buffer(device, seed=seed)
+        self.fake = ReplayBuffer(data.obs_dim, data.act_dim, rollout_batch * horizon * retain_epochs, device, seed=seed + 1)
+        self.starts = ReplayBuffer.from_dataset(data.dataset, device, seed=seed + 2)
+        self.rng = SeededGenerator(device, seed + 3)
+
+    @staticmethod
+    def check_raw(data, algo: str) -> None:
+        """Model-based algorithms learn the dynamics of the raw data: refuse normalized states or scaled rewards."""
+        if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0 or data.preprocessing.reward_bias:
+            from offrl.errors import OffrlError
+
+            raise OffrlError(f"{algo} learns a dynamics model of the raw data: drop --data.normalize-states and "
+                             "reward scaling")
+
+    @classmethod
+    def create(cls, data, cfg, horizon: int, device: torch.device) -> tuple["ModelData", str]:
+        """From an algorithm's config (model, model_path, retrain_model, rollout_batch, retain_epochs, seed):
+        the cached or newly trained model, the env's termination function and the buffers."""
+        from offrl.evaluation import env_spec_from_metadata
+        from world_models.termination import termination_fn
+        from world_models.train import load_or_train
+
+        model, model_file = load_or_train(data.dataset, cfg.model, cfg.seed, device, cfg.model_path, cfg.retrain_model)
+        termination = termination_fn(env_spec_from_metadata(data.metadata))
+        return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), str(model_file)
+
+    def objects(self) -> dict:
+        return {"real": self.real, "model_buffer": self.fake, "starts": self.starts, "rollout_rng": self.rng}
+
+    def rollout(self, policy: Callable[[torch.Tensor], torch.Tensor],
+                penalty: Callable[[Step, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                penalty_coef: float = 0.0) -> dict[str, torch.Tensor]:
+        """One rollout round from `rollout_batch` dataset states; returns its metrics (tensors)."""
+        stats = rollout(self.model, policy, self.starts.sample(self.rollout_batch).observations, self.horizon,
+                        self.termination, self.fake, penalty, penalty_coef, self.rng.generator)
+        return {"rollout/transitions": stats.transitions, "rollout/reward_mean": stats.reward_mean,
+                "rollout/terminal_fraction": stats.terminal_fraction, "rollout/penalty_mean": stats.penalty_mean}
+
+    def batch(self, batch_size: int, real_ratio: float) -> Batch:
+        return mixed_batch(self.real, self.fake, batch_size, real_ratio)

@@ -1,0 +1,55 @@
+"""Options every model-based algorithm shares: SAC's sizes, the rollout schedule, the dynamics model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from offrl.config import EvalConfig, TrainConfig
+from world_models.ensemble import EnsembleConfig
+
+
+@dataclass
+class ModelBasedConfig(TrainConfig):
+    steps: int = 3_000_000
+    """Gradient steps (3000 epochs of 1000)."""
+    batch_size: int = 256
+    """Transitions per gradient step (real and model)."""
+    actor_lr: float = 1e-4
+    """Adam learning rate of the actor."""
+    critic_lr: float = 3e-4
+    """Adam learning rate of the critics."""
+    alpha_lr: float = 1e-4
+    """Adam learning rate of log alpha."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics."""
+    gamma: float = 0.99
+    """Discount."""
+    tau: float = 5e-3
+    """Polyak rate of the target critics."""
+    rollout_length: Optional[int] = None
+    """h: model steps per rollout (default: the dataset's entry in the algorithm's table, else 5)."""
+    rollout_every: int = 1000
+    """Gradient steps between rollout rounds."""
+    rollout_batch: int = 50_000
+    """Dataset states each rollout round starts from."""
+    retain_epochs: int = 5
+    """Rollout rounds the model buffer keeps."""
+    real_ratio: float = 0.05
+    """Fraction of each batch drawn from the dataset."""
+    model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    model_path: Optional[str] = None
+    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
+    retrain_model: bool = False
+    """Train the dynamics model anew even when one is cached."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
+
+
+def dataset_setting(name: str, table: dict[tuple[str, str], tuple], default: tuple) -> tuple:
+    """An algorithm's per-dataset setting for a name such as offrl/hopper/medium-replay-v0 or
+    hopper-medium-replay-v2 (the suite's datasets take D4RL's entry of the same env and level)."""
+    text = name.lower().replace("/", "-")
+    for (env, level), setting in table.items():
+        if f"{env}-{level}-v" in text:
+            return setting
+    return default
