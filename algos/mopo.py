@@ -28,16 +28,14 @@ resumed run continues exactly (they are correspondingly large: 50k x 5 x 5 rows 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from offrl.checkpoint import Stateful
-from offrl.data import Batch, TrainingData, load_for_training
-from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.data import TrainingData, load_for_training
 from offrl.run import Run, cli_main
+from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.rollout import ModelData, aleatoric_penalty
 
@@ -55,55 +53,14 @@ class Config(ModelBasedConfig):
     """lambda: weight of the uncertainty penalty (default: the dataset's entry, else 1.0)."""
 
 
-class MOPO(Stateful):
-    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
-    VALUES = ("log_alpha",)
+class MOPO(SACAgent):
+    """SAC (`offrl.sac`) with MOPO's learning rates, alpha starting at 1 and tuned toward -|A|."""
 
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
-        obs_dim, act_dim = data.obs_dim, data.act_dim
-        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, 2, cfg.hidden).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
-        self.target_entropy = -float(act_dim)
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
-
-    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        alpha = self.log_alpha.detach().exp()
-        with torch.no_grad():
-            next_actions, next_log_prob = self.actor(batch.next_observations)
-            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
-            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
-        q = self.critic(batch.observations, batch.actions)
-        critic_loss = ((q - target) ** 2).mean(dim=1).sum()
-        self.critic_opt.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_opt.step()
-
-        actions, log_prob = self.actor(batch.observations)
-        actor_loss = (alpha * log_prob - self.critic(batch.observations, actions).min(dim=0).values).mean()
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward(inputs=list(self.actor.parameters()))
-        self.actor_opt.step()
-        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-        self.alpha_opt.zero_grad(set_to_none=True)
-        alpha_loss.backward()
-        self.alpha_opt.step()
-        soft_update(self.critic_target, self.critic, self.cfg.tau)
-        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
-                "alpha": alpha, "entropy": -log_prob.detach().mean()}
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(obs)[0]
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.act(obs)
+        super().__init__(data.obs_dim, data.act_dim, data.action_low, data.action_high, device, cfg.hidden,
+                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, init_alpha=1.0, autotune=True, gamma=cfg.gamma,
+                         tau=cfg.tau)
 
 
 Agent = MOPO

@@ -24,8 +24,6 @@ bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +32,10 @@ import numpy as np
 import torch
 
 from offrl import policies
-from offrl.checkpoint import Stateful
 from offrl.config import EvalConfig, RunConfig, RunConfigBase
-from offrl.data import Batch, ReplayBuffer, Spaces
-from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.data import ReplayBuffer, Spaces
 from offrl.run import Run, cli_main
+from offrl.sac import SACAgent
 
 
 @dataclass
@@ -77,60 +74,14 @@ class Config(RunConfigBase):
     run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=50_000))
 
 
-class SAC(Stateful):
-    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
-    VALUES = ("log_alpha",)
+class SAC(SACAgent):
+    """The shared soft actor-critic update (`offrl.sac`) with this file's config."""
 
     def __init__(self, cfg: Config, spaces: Spaces, device: torch.device):
         self.cfg = cfg
-        obs_dim, act_dim = spaces.obs_dim, spaces.act_dim
-        self.actor = TanhGaussianActor(obs_dim, act_dim, spaces.action_low, spaces.action_high, cfg.hidden).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, 2, cfg.hidden).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=cfg.autotune)
-        self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
-
-    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        alpha = self.log_alpha.detach().exp()
-        with torch.no_grad():
-            next_actions, next_log_prob = self.actor(batch.next_observations)
-            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
-            target = batch.rewards + self.cfg.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
-        q = self.critic(batch.observations, batch.actions)
-        critic_loss = ((q - target) ** 2).mean(dim=1).sum()
-        self.critic_opt.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_opt.step()
-
-        actions, log_prob = self.actor(batch.observations)
-        q_pi = self.critic(batch.observations, actions).min(dim=0).values
-        actor_loss = (alpha * log_prob - q_pi).mean()
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward(inputs=list(self.actor.parameters()))
-        self.actor_opt.step()
-
-        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
-                   "entropy": -log_prob.detach().mean(), "alpha": alpha}
-        if self.cfg.autotune:
-            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
-            self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_opt.step()
-            metrics["alpha_loss"] = alpha_loss.detach()
-        soft_update(self.critic_target, self.critic, self.cfg.tau)
-        return metrics
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(obs)[0]
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.act(obs)
+        super().__init__(spaces.obs_dim, spaces.act_dim, spaces.action_low, spaces.action_high, device, cfg.hidden,
+                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, cfg.autotune, cfg.target_entropy,
+                         cfg.gamma, cfg.tau)
 
 
 Agent = SAC

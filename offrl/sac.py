@@ -1,0 +1,82 @@
+"""The soft actor-critic update that SAC (online) and the model-based algorithms (MOPO) share.
+
+Critic (an ensemble of `num_critics` Q networks, MSE each, summed):
+    a' ~ pi(.|s'),  y = r + gamma * (1 - d) * (min_i Q_targ_i(s', a') - alpha * log pi(a'|s'))
+    L_Q = sum_i mean (Q_i(s, a) - y)^2
+Actor (tanh-Gaussian, reparameterized):
+    L_pi = mean (alpha * log pi(a~|s) - min_i Q_i(s, a~)),  a~ ~ pi(.|s)
+Temperature (automatic entropy tuning toward `target_entropy`, default -|A|):
+    L_alpha = -mean log_alpha * (log pi(a~|s) + target_entropy)      (log-probs detached)
+then a Polyak update of the critics with tau.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from offrl.checkpoint import Stateful
+from offrl.data import Batch
+from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+
+
+class SACAgent(Stateful):
+    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+    VALUES = ("log_alpha",)
+
+    def __init__(self, obs_dim: int, act_dim: int, action_low: np.ndarray, action_high: np.ndarray,
+                 device: torch.device, hidden: Sequence[int] = (256, 256), actor_lr: float = 3e-4,
+                 critic_lr: float = 3e-4, alpha_lr: float = 3e-4, init_alpha: float = 1.0, autotune: bool = True,
+                 target_entropy: float | None = None, gamma: float = 0.99, tau: float = 0.005, num_critics: int = 2):
+        self.gamma, self.tau, self.autotune = gamma, tau, autotune
+        self.actor = TanhGaussianActor(obs_dim, act_dim, action_low, action_high, hidden).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, num_critics, hidden).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(math.log(init_alpha), device=device, requires_grad=autotune)
+        self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=critic_lr, fused=fused)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        alpha = self.log_alpha.detach().exp()
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor(batch.next_observations)
+            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
+            target = batch.rewards + self.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
+        q = self.critic(batch.observations, batch.actions)
+        critic_loss = ((q - target) ** 2).mean(dim=1).sum()
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+
+        actions, log_prob = self.actor(batch.observations)
+        q_pi = self.critic(batch.observations, actions).min(dim=0).values
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_opt.step()
+
+        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
+                   "entropy": -log_prob.detach().mean(), "alpha": alpha}
+        if self.autotune:
+            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+            self.alpha_opt.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_opt.step()
+            metrics["alpha_loss"] = alpha_loss.detach()
+        soft_update(self.critic_target, self.critic, self.tau)
+        return metrics
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)[0]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(obs)
