@@ -38,7 +38,7 @@ from offrl.optim import cosine_decay
 from offrl.run import Run, cli_main
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
-from world_models.rollout import ModelData, bellman_penalty
+from world_models.rollout import ModelData, bellman_penalty, real_rows
 
 # (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
@@ -90,14 +90,14 @@ class MOBILE(Stateful):
     def target_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.critic_target(obs, actions).min(dim=0).values
 
-    def update(self, batch: Batch, real_rows: int) -> dict[str, torch.Tensor]:
-        """One step on a mixed batch whose first `real_rows` rows are dataset transitions."""
+    def update(self, batch: Batch, n_real: int) -> dict[str, torch.Tensor]:
+        """One step on a mixed batch whose first `n_real` rows are dataset transitions."""
         cfg = self.cfg
         alpha = self.log_alpha.detach().exp().clamp(max=1.0)
         with torch.no_grad():
             penalty = bellman_penalty(self.model, batch.observations, batch.actions, lambda s: self.actor(s)[0],
                                       self.target_q, cfg.num_samples, self.generator)
-            penalty[:real_rows] = 0.0
+            penalty[:n_real] = 0.0
             next_actions, next_log_prob = self.actor(batch.next_observations)
             next_q = self.target_q(batch.next_observations, next_actions)
             if not cfg.deterministic_backup:
@@ -122,7 +122,7 @@ class MOBILE(Stateful):
             self.alpha_opt.step()
         soft_update(self.critic_target, self.critic, cfg.tau)
         return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
-                "penalty_mean": penalty[real_rows:].mean(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
+                "penalty_mean": penalty[n_real:].mean(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ def train(cfg: Config) -> dict:
     model_data, model_file = ModelData.create(data, cfg, horizon, run.device)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)
     state = {"agent": agent, **model_data.objects()}
-    real_rows = int(round(real_ratio * cfg.batch_size))
+    n_real = real_rows(cfg.batch_size, real_ratio)
     print(f"mobile: rollout length {horizon}, beta {penalty_coef}, alpha {'tuned' if tune_alpha else 'fixed'}, "
           f"real ratio {real_ratio}, elites {model_data.model.elites}")
     rollout_metrics: dict[str, torch.Tensor] = {}
@@ -158,7 +158,7 @@ def train(cfg: Config) -> dict:
         if (step - 1) % cfg.rollout_every == 0:
             rollout_metrics = model_data.rollout(agent.explore)
         with run.precision():
-            metrics = agent.update(model_data.batch(cfg.batch_size, real_ratio), real_rows)
+            metrics = agent.update(model_data.batch(cfg.batch_size, real_ratio), n_real)
         run.log(step, {**metrics, **rollout_metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)

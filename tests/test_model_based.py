@@ -55,3 +55,31 @@ def test_mobile_smoke(tiny, tmp_path, model_cache):
     (run_dir,) = tmp_path.glob("mobile/*/*")
     final = json.loads((run_dir / "final.json").read_text())
     assert np.isfinite(final["eval/normalized_score"]) and final["train/penalty_mean"] > 0
+
+
+def test_ravl_smoke(tiny, tmp_path, model_cache):
+    result = run_cli(PYTHON, "-m", "algos.ravl", "--steps", "150", "--eval.every", "100", "--num-critics", "4", *FAST,
+                     "--run.out-dir", str(tmp_path))
+    assert "final normalized score" in result.stdout
+    (run_dir,) = tmp_path.glob("ravl/*/*")
+    final = json.loads((run_dir / "final.json").read_text())
+    assert np.isfinite(final["eval/normalized_score"]) and np.isfinite(final["train/diversity_loss"])
+
+
+def test_edac_diversity_loss_by_hand():
+    """Critics linear in the action, Q_i = <w_i, a>: the normalized gradients are w_i / |w_i|, so with two
+    critics L_div = 1/(2 - 1) * (<g_1, g_2> + <g_2, g_1>) = 2 cos(w_1, w_2) at every row."""
+    import torch
+
+    from algos.ravl import diversity_loss
+
+    weights = torch.tensor([[3.0, 4.0], [1.0, 0.0]])
+
+    class LinearCritics(torch.nn.Module):
+        ensemble_size = 2
+
+        def forward(self, obs, actions):
+            return (actions * weights[:, None, :]).sum(-1)
+
+    loss = diversity_loss(LinearCritics(), torch.zeros(5, 3), torch.randn(5, 2))
+    assert loss.item() == pytest.approx(2 * 3 / 5)

@@ -273,8 +273,8 @@ def test_rollouts_stop_at_terminals_and_the_buffer_keeps_the_last_rounds():
     assert small.storage[:, 0].tolist() == [2.0, 3.0, 5.0, 1.0, 3.0]  # the last two rows overwrote the first two
     real = ReplayBuffer(1, 1, capacity=10)
     real.add(torch.full((10, 1), -1.0), torch.zeros(10, 1), torch.zeros(10), torch.zeros(10, 1), torch.zeros(10))
-    batch = mixed_batch(real, buffer, batch_size=20, real_ratio=0.05)
-    assert batch.observations.shape == (20, 1) and (batch.observations[:1] == -1).all() and (batch.observations[1:] >= 0).all()
+    batch = mixed_batch(real, buffer, batch_size=40, real_ratio=0.05)  # int(40 * 0.05) = 2 dataset rows first
+    assert batch.observations.shape == (40, 1) and (batch.observations[:2] == -1).all() and (batch.observations[2:] >= 0).all()
 
 
 def random_hopper_dataset(episodes=6, seed=0):

@@ -134,9 +134,15 @@ def rollout(model: DynamicsEnsemble, policy: Callable[[torch.Tensor], torch.Tens
     return RolloutStats(count, reward_sum / count, terminal_sum / count, penalty_sum / count)
 
 
+def real_rows(batch_size: int, real_ratio: float) -> int:
+    """Dataset rows in a mixed batch: int(batch_size * real_ratio), as OfflineRL-Kit and RAVL count them
+    (12 of 256 at 0.05)."""
+    return int(batch_size * real_ratio)
+
+
 def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_ratio: float) -> Batch:
-    """`round(real_ratio * batch_size)` dataset rows followed by model rows (MOPO, MOBILE, RAVL: 0.05)."""
-    n_real = int(round(real_ratio * batch_size))
+    """`real_rows(batch_size, real_ratio)` dataset rows followed by model rows (MOPO, MOBILE, RAVL: 0.05)."""
+    n_real = real_rows(batch_size, real_ratio)
     if n_real == batch_size or len(model) == 0:
         return real.sample(batch_size)
     if n_real == 0:

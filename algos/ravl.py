@@ -1,0 +1,171 @@
+"""RAVL: "The Edge-of-Reach Problem in Offline Model-Based Reinforcement Learning" (Sims, Lu, Foerster,
+Teh, NeurIPS 2024).
+
+Model rollouts are short and start from dataset states, so states at their edge are reached but never
+updated from, and their Q-values are never corrected. RAVL keeps MBPO's rollouts and no dynamics
+penalty, and trains EDAC on them: an ensemble of N critics whose minimum is pessimistic exactly where
+the critics disagree, with EDAC's gradient-diversity term:
+
+    y       = r + gamma (1 - d) (min_j Q_targ_j(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
+    L_Q     = sum_i mean (Q_i(s, a) - y)^2 + eta * L_div,
+    L_div   = 1/(N - 1) mean_batch sum_{i != j} <g_i, g_j>,  g_i = grad_a Q_i(s, a) / (||grad_a Q_i(s, a)|| + 1e-10)
+    L_pi    = mean (alpha log pi(a~|s) - min_i Q_i(s, a~));  L_alpha toward -|A|
+each step in the official order: alpha, then actor, then critics (their target uses the updated actor),
+then the Polyak update. Batches mix 5% dataset rows with model rows.
+
+Defaults (the official `train_ravl_agent.py` and `agent_training/agent.py`, FACTS.md section 12): N = 10
+critics and a tanh-Gaussian actor with 3 hidden layers of 256, EDAC's init (hidden biases 0.1, the
+critics' output layer and the actor's heads uniform in +-3e-3 and +-1e-3), Adam 3e-4 for actor, critics
+and alpha, alpha starting at 1 (log alpha = 0; the config's alpha 0.1 is used only without tuning),
+eta 1, rollout length 5 from 50k states per 1000 steps kept for 5 rounds, batch 256, 3M steps. The paper
+tunes N, eta and h per task; those values are not in the code, so every dataset gets these defaults.
+
+Deviations: the actor's mean and log-std come from one output layer (two in the official code; the same
+function class and init range); the dynamics model is `world_models.ensemble` (the official one is the
+same MBPO ensemble, trained with a learning-rate decay on plateaus and at least 350 epochs).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from offrl.checkpoint import Stateful
+from offrl.data import Batch, TrainingData, load_for_training
+from offrl.nets import EnsembleCritic, EnsembleLinear, TanhGaussianActor, soft_update
+from offrl.run import Run, cli_main
+from world_models.config import ModelBasedConfig
+from world_models.rollout import ModelData
+
+
+@dataclass
+class Config(ModelBasedConfig):
+    actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
+    alpha_lr: float = 3e-4
+    """Adam learning rate of log alpha."""
+    hidden: tuple[int, ...] = (256, 256, 256)
+    """Hidden layer widths of actor and critics."""
+    num_critics: int = 10
+    """N: Q ensemble size."""
+    eta: float = 1.0
+    """Weight of EDAC's gradient-diversity term."""
+
+
+def diversity_loss(critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """EDAC: 1/(N - 1) mean over the batch of sum_{i != j} <g_i, g_j> of the critics' normalized action
+    gradients (built with create_graph, so it trains the critics)."""
+    n = critic.ensemble_size
+    actions = actions.unsqueeze(0).expand(n, -1, -1).clone().requires_grad_(True)
+    q = critic(obs.unsqueeze(0).expand(n, -1, -1), actions)
+    (grad,) = torch.autograd.grad(q.sum(), actions, create_graph=True)
+    grad = grad / (grad.norm(dim=-1, keepdim=True) + 1e-10)  # [N, B, A]
+    grad = grad.transpose(0, 1)  # [B, N, A]
+    gram = grad @ grad.transpose(1, 2)  # [B, N, N]
+    off_diagonal = gram.sum(dim=(1, 2)) - gram.diagonal(dim1=1, dim2=2).sum(-1)
+    return off_diagonal.mean() / (n - 1)
+
+
+def edac_init(actor: TanhGaussianActor, critic: EnsembleCritic) -> None:
+    """EDAC's initialization: hidden biases 0.1; the critics' output layer uniform in +-3e-3, the actor's
+    output layer (mean and log-std) in +-1e-3."""
+    critic_layers = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
+    actor_layers = [m for m in actor.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for layer in critic_layers[:-1] + actor_layers[:-1]:
+            layer.bias.fill_(0.1)
+        for layer, bound in ((critic_layers[-1], 3e-3), (actor_layers[-1], 1e-3)):
+            layer.weight.uniform_(-bound, bound)
+            layer.bias.uniform_(-bound, bound)
+
+
+class RAVL(Stateful):
+    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+    VALUES = ("log_alpha",)
+
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg = cfg
+        obs_dim, act_dim = data.obs_dim, data.act_dim
+        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden).to(device)
+        edac_init(self.actor, self.critic)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
+        self.target_entropy = -float(act_dim)
+        fused = device.type in ("cpu", "cuda")
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        with torch.no_grad():
+            _, log_prob = self.actor(batch.observations)
+        alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        alpha = self.log_alpha.detach().exp()
+
+        actions, log_prob = self.actor(batch.observations)
+        q_pi = self.critic(batch.observations, actions)
+        actor_loss = (alpha * log_prob - q_pi.min(dim=0).values).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward(inputs=list(self.actor.parameters()))
+        self.actor_opt.step()
+
+        with torch.no_grad():
+            next_actions, next_log_prob = self.actor(batch.next_observations)
+            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values - alpha * next_log_prob
+            target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q
+        q = self.critic(batch.observations, batch.actions)
+        td_loss = ((q - target) ** 2).mean(dim=1).sum()
+        diversity = diversity_loss(self.critic, batch.observations, batch.actions) if cfg.eta else torch.zeros(())
+        critic_loss = td_loss + cfg.eta * diversity
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_opt.step()
+        soft_update(self.critic_target, self.critic, cfg.tau)
+        return {"critic_loss": critic_loss.detach(), "td_loss": td_loss.detach(), "diversity_loss": diversity.detach(),
+                "actor_loss": actor_loss.detach(), "q_policy_std": q_pi.detach().std(dim=0).mean(), "alpha": alpha,
+                "entropy": -log_prob.detach().mean()}
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor(obs)[0]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.act(obs)
+
+
+Agent = RAVL
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    ModelData.check_raw(data, "ravl")
+    horizon = cfg.rollout_length or 5
+    run = Run("ravl", cfg, data)
+    model_data, model_file = ModelData.create(data, cfg, horizon, run.device)
+    agent = RAVL(cfg, data, run.device)
+    state = {"agent": agent, **model_data.objects()}
+    print(f"ravl: rollout length {horizon}, {cfg.num_critics} critics, eta {cfg.eta}, elites {model_data.model.elites}")
+    rollout_metrics: dict[str, torch.Tensor] = {}
+    for step in run.steps(state):
+        if (step - 1) % cfg.rollout_every == 0:
+            rollout_metrics = model_data.rollout(agent.explore)
+        with run.precision():
+            metrics = agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
+        run.log(step, {**metrics, **rollout_metrics})
+        run.evaluate(step, agent.act, data.metadata)
+        run.checkpoint(step, state)
+    return run.finish({"model_file": model_file, "rollout_length": horizon})
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)
