@@ -24,18 +24,16 @@ measured in `benchmarks.speed`.
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from offrl.checkpoint import Stateful
 from offrl.data import Batch, TrainingData, load_for_training
-from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.nets import soft_update
 from offrl.optim import cosine_decay
 from offrl.run import Run, cli_main
+from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
 from world_models.rollout import ModelData, bellman_penalty, real_rows
@@ -67,24 +65,18 @@ class Config(ModelBasedConfig):
     """Fraction of each batch drawn from the dataset (default: the dataset's entry, else 0.05)."""
 
 
-class MOBILE(Stateful):
-    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "actor_schedule")
-    VALUES = ("log_alpha",)
+class MOBILE(SACAgent):
+    """SAC's networks and optimizers (`offrl.sac`) with MOBILE's update and a cosine actor schedule."""
+
+    STATE = (*SACAgent.STATE, "actor_schedule")
 
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device, model: DynamicsEnsemble | None = None,
                  penalty_coef: float = 1.0, tune_alpha: bool = True, generator: torch.Generator | None = None):
         self.cfg, self.model, self.penalty_coef, self.tune_alpha = cfg, model, penalty_coef, tune_alpha
         self.generator = generator
-        obs_dim, act_dim = data.obs_dim, data.act_dim
-        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden).to(device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
-        self.target_entropy = -float(act_dim)
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        super().__init__(data.obs_dim, data.act_dim, data.action_low, data.action_high, device, cfg.hidden,
+                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, gamma=cfg.gamma, tau=cfg.tau,
+                         num_critics=cfg.num_critics)
         self.actor_schedule = torch.optim.lr_scheduler.LambdaLR(self.actor_opt, cosine_decay(cfg.steps))
 
     def target_q(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -123,14 +115,6 @@ class MOBILE(Stateful):
         soft_update(self.critic_target, self.critic, cfg.tau)
         return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
                 "penalty_mean": penalty[n_real:].mean(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(obs)[0]
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.act(obs)
 
 
 Agent = MOBILE

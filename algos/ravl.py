@@ -27,17 +27,15 @@ same MBPO ensemble, trained with a learning-rate decay on plateaus and at least 
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from offrl.checkpoint import Stateful
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import EnsembleCritic, EnsembleLinear, TanhGaussianActor, soft_update
 from offrl.run import Run, cli_main
+from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
 from world_models.rollout import ModelData
 
@@ -83,23 +81,16 @@ def edac_init(actor: TanhGaussianActor, critic: EnsembleCritic) -> None:
             layer.bias.uniform_(-bound, bound)
 
 
-class RAVL(Stateful):
-    STATE = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
-    VALUES = ("log_alpha",)
+class RAVL(SACAgent):
+    """SAC's networks and optimizers (`offrl.sac`) with N critics, EDAC's init and EDAC's update."""
 
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
-        obs_dim, act_dim = data.obs_dim, data.act_dim
-        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden).to(device)
+        super().__init__(data.obs_dim, data.act_dim, data.action_low, data.action_high, device, cfg.hidden,
+                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, init_alpha=1.0, gamma=cfg.gamma, tau=cfg.tau,
+                         num_critics=cfg.num_critics)
         edac_init(self.actor, self.critic)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
-        self.target_entropy = -float(act_dim)
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        self.critic_target.load_state_dict(self.critic.state_dict())
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -133,14 +124,6 @@ class RAVL(Stateful):
         return {"critic_loss": critic_loss.detach(), "td_loss": td_loss.detach(), "diversity_loss": diversity.detach(),
                 "actor_loss": actor_loss.detach(), "q_policy_std": q_pi.detach().std(dim=0).mean(), "alpha": alpha,
                 "entropy": -log_prob.detach().mean()}
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor(obs)[0]
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.actor.act(obs)
 
 
 Agent = RAVL
