@@ -36,7 +36,7 @@ from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
-from world_models.rollout import ModelData, bellman_penalty, real_rows
+from world_models.rollout import ModelData, bellman_penalty, benchmark_model_data, real_rows
 
 # (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
@@ -118,6 +118,15 @@ class MOBILE(SACAgent):
 
 
 Agent = MOBILE
+
+
+def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
+    """One gradient step on a mixed batch, as `train` runs it (for benchmarks/speed.py; no model training)."""
+    agent = MOBILE(cfg, data, device)
+    model_data = benchmark_model_data(data, cfg, cfg.rollout_length or 5, device, agent.explore)
+    agent.model, agent.generator = model_data.model, model_data.rng.generator
+    real_ratio = cfg.real_ratio if cfg.real_ratio is not None else 0.05
+    return lambda: agent.update(model_data.batch(cfg.batch_size, real_ratio), real_rows(cfg.batch_size, real_ratio))
 
 
 def train(cfg: Config) -> dict:

@@ -37,7 +37,7 @@ from offrl.data import TrainingData, load_for_training
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
-from world_models.rollout import ModelData, aleatoric_penalty
+from world_models.rollout import ModelData, aleatoric_penalty, benchmark_model_data
 
 # (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
@@ -64,6 +64,13 @@ class MOPO(SACAgent):
 
 
 Agent = MOPO
+
+
+def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
+    """One gradient step on a mixed batch, as `train` runs it (for benchmarks/speed.py; no model training)."""
+    agent = MOPO(cfg, data, device)
+    model_data = benchmark_model_data(data, cfg, cfg.rollout_length or 5, device, agent.explore)
+    return lambda: agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
 
 
 def train(cfg: Config) -> dict:

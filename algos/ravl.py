@@ -37,7 +37,7 @@ from offrl.nets import EnsembleCritic, EnsembleLinear, TanhGaussianActor, soft_u
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
-from world_models.rollout import ModelData
+from world_models.rollout import ModelData, benchmark_model_data
 
 
 @dataclass
@@ -127,6 +127,13 @@ class RAVL(SACAgent):
 
 
 Agent = RAVL
+
+
+def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
+    """One gradient step on a mixed batch, as `train` runs it (for benchmarks/speed.py; no model training)."""
+    agent = RAVL(cfg, data, device)
+    model_data = benchmark_model_data(data, cfg, cfg.rollout_length or 5, device, agent.explore)
+    return lambda: agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
 
 
 def train(cfg: Config) -> dict:

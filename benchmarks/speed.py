@@ -36,7 +36,7 @@ from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
 from offrl.nets import PRECISIONS, autocast, precision_dtype
 
-DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac")
+DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "dynamics", "rollout")
 
 
 def synthetic_data(obs_dim: int = 11, act_dim: int = 3, rows: int = 100_000, seed: int = 0) -> TrainingData:
@@ -79,16 +79,72 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precis
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None):
+    """One gradient step of the dynamics ensemble (world_models.ensemble, default config): every member
+    on its own `batch_size` transitions (default 256)."""
+    from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, transitions_to_training
+
+    cfg = EnsembleConfig()
+    batch_size = batch_size or cfg.batch_size
+    ds = data.dataset
+    model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg).to(device)
+    inputs, targets = (torch.as_tensor(x, device=device) for x in
+                       transitions_to_training(ds.observations, ds.actions, ds.rewards, ds.next_observations))
+    model.set_input_statistics(inputs)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def update():
+        index = torch.randint(len(inputs), (cfg.members, batch_size), device=device, generator=generator)
+        loss, _ = model.loss(model.standardize(inputs[index]), targets[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return {"loss": loss.detach()}
+    return batch_size, update
+
+
+def rollout_step(data: TrainingData, device: torch.device, batch_size: int | None = None):
+    """One step of a rollout round: `batch_size` rows (default 50,000, MOPO's rollout batch) through the
+    policy and every member of the dynamics ensemble, a random elite's sample and MOPO's penalty."""
+    from offrl.nets import TanhGaussianActor
+    from world_models.ensemble import DynamicsEnsemble
+    from world_models.rollout import aleatoric_penalty, model_step
+    from world_models.termination import never
+
+    rows = batch_size or 50_000
+    model = DynamicsEnsemble(data.obs_dim, data.act_dim).to(device)
+    actor = TanhGaussianActor(data.obs_dim, data.act_dim, data.action_low, data.action_high).to(device)
+    obs = torch.as_tensor(np.resize(data.dataset.observations, (rows, data.obs_dim)), device=device)
+
+    @torch.no_grad()
+    def update():
+        step = model_step(model, obs, actor(obs)[0], never)
+        return {"reward": step.rewards.mean(), "penalty": aleatoric_penalty(step.std).mean()}
+    return rows, update
+
+
+WORLD_MODEL_STEPS = {"dynamics": dynamics_step, "rollout": rollout_step}
+"""Steps of the world models' own work, timed beside the algorithms' updates."""
+
+
 def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
                    batch_size: int | None = None, compile: bool = False, precision: str = "fp32") -> dict:
-    module = importlib.import_module(f"algos.{algo}")
-    cfg = module.Config()
-    cfg.run.compile = compile
-    if batch_size:
-        cfg.batch_size = batch_size
     data = synthetic_data()
     torch.manual_seed(0)
-    if hasattr(module, "benchmark_step"):  # algorithms that do not sample transitions (DT, RCSL)
+    if algo in WORLD_MODEL_STEPS:
+        cfg = argparse.Namespace()
+        cfg.batch_size, update = WORLD_MODEL_STEPS[algo](data, device, batch_size)
+        module = None
+    else:
+        module = importlib.import_module(f"algos.{algo}")
+        cfg = module.Config()
+        cfg.run.compile = compile
+        if batch_size:
+            cfg.batch_size = batch_size
+    if module is None:
+        pass
+    elif hasattr(module, "benchmark_step"):  # algorithms whose step is more than sample + update (DT, RCSL, model-based)
         update = module.benchmark_step(cfg, data, device)
     else:
         agent = module.Agent(cfg, data, device)
@@ -104,10 +160,15 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     for _ in range(warmup):
         step()
     # Count FLOPs over an even number of updates: some algorithms update the actor every 2nd step.
-    with FlopCounterMode(display=False) as counter:
+    try:
+        with FlopCounterMode(display=False) as counter:
+            step()
+            step()
+        flops = counter.get_total_flops() / 2
+    except RuntimeError:  # FlopCounterMode cannot follow torch.autograd.grad inside a step (RAVL's EDAC term)
         step()
         step()
-    flops = counter.get_total_flops() / 2
+        flops = float("nan")
     block_ms = []
     for _ in range(blocks):
         sync(device)
@@ -198,6 +259,10 @@ def format_run(report: dict, run: dict) -> str:
 
 def write_markdown(report: dict, path: Path, argv: list[str]) -> None:
     lines = [f"# Update speed ({report['device']}, {report['processor']}, torch {report['torch']})", "",
+             "Rows `dynamics` and `rollout` time the world models' own work: one gradient step of the 7-member "
+             "dynamics ensemble (batch = transitions per member) and one step of a rollout round (batch = rows "
+             "stepped through the policy and every member; transitions/s = batch / time). nan: FLOPs not countable "
+             "(torch's FlopCounterMode cannot follow the autograd.grad in RAVL's EDAC term).", "",
              f"Generated by `python -m benchmarks.speed {' '.join(argv)}` on {time.strftime('%Y-%m-%d')}. "
              "Median ms per update (sample + gradient step) at each algorithm's default batch on Hopper-sized "
              "synthetic data (obs 11, act 3), after warm-up; GFLOP counted by torch's FlopCounterMode (matmuls, "

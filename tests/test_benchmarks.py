@@ -134,3 +134,22 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
             "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0") in caption
     same = table.render({("bc", "d"): groups[("bc", "d")]}, "t", None)
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in same
+
+
+def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path):
+    import torch
+
+    from benchmarks import speed
+
+    threads = torch.get_num_threads()
+    try:
+        report = speed.main(["--algos", "dynamics", "rollout", "mopo", "mobile", "ravl", "--warmup", "1", "--blocks",
+                             "1", "--per-block", "1", "--threads", "1", "--matmul-size", "128", "--batch-size", "8",
+                             "--markdown", str(tmp_path / "speed.md")])
+    finally:
+        torch.set_num_threads(threads)
+    results = {r["algo"]: r for r in report["runs"][0]["results"]}
+    assert set(results) == {"dynamics", "rollout", "mopo", "mobile", "ravl"}
+    assert all(r["median_ms"] > 0 for r in results.values())
+    assert results["dynamics"]["gflop_per_update"] > 0 and results["rollout"]["batch_size"] == 8
+    assert "| 1 | dynamics | 8 |" in (tmp_path / "speed.md").read_text()

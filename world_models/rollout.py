@@ -199,3 +199,17 @@ class ModelData:
 
     def batch(self, batch_size: int, real_ratio: float) -> Batch:
         return mixed_batch(self.real, self.fake, batch_size, real_ratio)
+
+
+def benchmark_model_data(data, cfg, horizon: int, device: torch.device, policy: Callable[[torch.Tensor], torch.Tensor],
+                         rollout_rows: int = 10_000) -> ModelData:
+    """What a model-based update reads, without training a model (for `benchmarks.speed`): an untrained
+    ensemble standardizing the data's inputs, and a model buffer filled by one rollout round."""
+    from world_models.termination import never
+
+    model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg.model).to(device)
+    inputs = torch.as_tensor(data.dataset.observations, device=device), torch.as_tensor(data.dataset.actions, device=device)
+    model.set_input_statistics(torch.cat(inputs, dim=1))
+    model_data = ModelData(data, model, never, horizon, rollout_rows, cfg.retain_epochs, device, seed=0)
+    model_data.rollout(policy)
+    return model_data
