@@ -181,7 +181,8 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
 
     `trajectories=True` (sequence models: DT, RCSL) reads the file as recorded instead, as the DT and
     RvS references do (`download_d4rl_datasets.py`): every row is kept, an episode ends at a terminal
-    or a final row (the same step counter, for files without timeouts), and the final row keeps its
+    or a final row (for files without timeouts, qlearning_dataset's step counter; DT's script counts
+    the row after a final row as step 1, as after a terminal), and the final row keeps its
     action and reward. s' is next_observations[i] when the file has it, else observations[i+1] inside
     an episode; for an episode's last row in a file without next_observations it is unknown and set
     to s itself (sequence models do not read s'). A trailing unfinished episode is kept as cut (DT's
