@@ -33,6 +33,9 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
     second = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "50", "--eval.every", "0", *FAST,
                      "--run.out-dir", str(tmp_path / "b"))
     assert "reusing" in second.stderr and "epoch 1" not in second.stderr  # no second model was trained
+    other_seed = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "50", "--eval.every", "0", *FAST, "--seed", "1",
+                         "--model-seed", "0", "--run.out-dir", str(tmp_path / "c"))
+    assert "reusing" in other_seed.stderr and len(list(model_cache.glob("*/model.pt"))) == 1
 
 
 def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):

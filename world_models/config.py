@@ -38,6 +38,9 @@ class ModelBasedConfig(TrainConfig):
     real_ratio: float = 0.05
     """Fraction of each batch drawn from the dataset."""
     model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    model_seed: Optional[int] = None
+    """Seed of the dynamics model's training (default: the run's --seed). One value for every seed shares
+    one cached model across a sweep's seeds; the spread over seeds then excludes the model's."""
     model_path: Optional[str] = None
     """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
     retrain_model: bool = False

@@ -175,13 +175,15 @@ class ModelData:
 
     @classmethod
     def create(cls, data, cfg, horizon: int, device: torch.device) -> tuple["ModelData", str]:
-        """From an algorithm's config (model, model_path, retrain_model, rollout_batch, retain_epochs, seed):
-        the cached or newly trained model, the env's termination function and the buffers."""
+        """From an algorithm's config (model, model_seed, model_path, retrain_model,
+        rollout_batch, retain_epochs, seed): the cached or newly trained model, the env's termination
+        function and the buffers."""
         from offrl.evaluation import env_spec_from_metadata
         from world_models.termination import termination_fn
         from world_models.train import load_or_train
 
-        model, model_file = load_or_train(data.dataset, cfg.model, cfg.seed, device, cfg.model_path, cfg.retrain_model)
+        model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
+        model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
         termination = termination_fn(env_spec_from_metadata(data.metadata))
         return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), str(model_file)
 
