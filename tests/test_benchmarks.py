@@ -142,14 +142,19 @@ def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path
     from benchmarks import speed
 
     threads = torch.get_num_threads()
+    (tmp_path / "speed.md").write_text("<!-- updates -->\nmodel-free table\n<!-- /updates -->\n")
     try:
         report = speed.main(["--algos", "dynamics", "rollout", "mopo", "mobile", "ravl", "--warmup", "1", "--blocks",
                              "1", "--per-block", "1", "--threads", "1", "--matmul-size", "128", "--batch-size", "8",
-                             "--markdown", str(tmp_path / "speed.md")])
+                             "--markdown", str(tmp_path / "speed.md"), "--section", "model-based",
+                             "--title", "Model-based updates"])
     finally:
         torch.set_num_threads(threads)
     results = {r["algo"]: r for r in report["runs"][0]["results"]}
     assert set(results) == {"dynamics", "rollout", "mopo", "mobile", "ravl"}
     assert all(r["median_ms"] > 0 for r in results.values())
     assert results["dynamics"]["gflop_per_update"] > 0 and results["rollout"]["batch_size"] == 8
-    assert "| 1 | dynamics | 8 |" in (tmp_path / "speed.md").read_text()
+    table = (tmp_path / "speed.md").read_text()
+    assert "| 1 | dynamics | 8 |" in table and "## Model-based updates (cpu" in table
+    assert table.startswith("<!-- updates -->\nmodel-free table\n<!-- /updates -->")  # the other part is kept
+    assert "<!-- model-based -->" in table and "nan: FLOPs not countable" in table
