@@ -341,3 +341,18 @@ def test_model_error_report(tmp_path):
     write_report(report, tmp_path, "t", "python -m world_models.evaluate ...")
     text = (tmp_path / "model-error.md").read_text()
     assert "| elite mean |" in text and "member 0" in text and (tmp_path / "model-error.png").stat().st_size > 1000
+
+
+def test_model_error_windows_stay_inside_episodes_and_before_their_last_row():
+    from world_models.evaluate import start_rows
+
+    class Episodes:
+        episode_starts = np.array([0, 5, 8, 20])  # lengths 5, 3, 12, 4
+
+        def __len__(self):
+            return 24
+
+    rows = start_rows(Episodes(), horizon=3, count=100, rng=np.random.default_rng(0))
+    # a window r..r+2 must end before its episode's last row: episode 0 allows 0-1, episode 2 allows 8-16,
+    # episodes 1 (length 3) and 3 (length 4 -> row 20 only) as their lengths allow
+    assert rows.tolist() == [0, 1, *range(8, 17), 20]

@@ -55,9 +55,13 @@ def restorable(env, obs: np.ndarray) -> bool:
 
 
 def start_rows(dataset, horizon: int, count: int, rng: np.random.Generator) -> np.ndarray:
-    """Rows with `horizon` more steps of the same episode after them (inclusive)."""
+    """Rows whose next `horizon` steps (inclusive) are in their episode and end before its last row.
+    Windows that may hold the episode's last transition would put every terminal one at k = H (an
+    episode ends only there), which biases the error at that k alone; so none is drawn, and all k are
+    measured on the same kind of transitions (terminations are decided by `world_models.termination`)."""
     ends = np.append(dataset.episode_starts[1:], len(dataset))
-    candidates = np.concatenate([np.arange(s, e - horizon + 1) for s, e in zip(dataset.episode_starts, ends) if e - s >= horizon])
+    candidates = np.concatenate([np.arange(s, e - horizon) for s, e in zip(dataset.episode_starts, ends) if e - s > horizon]
+                                or [np.zeros(0, dtype=np.int64)])
     if len(candidates) == 0:
         raise ValueError(f"no episode has {horizon} steps")
     return np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
@@ -121,6 +125,19 @@ def evaluate_model(model: DynamicsEnsemble, dataset, env_spec, horizon: int = 10
             "data_obs_scale": float(np.linalg.norm(dataset.observations[rows] - dataset.observations.mean(0), axis=1).mean())}
 
 
+def describe_model(path: str | Path, model: DynamicsEnsemble) -> str:
+    """One sentence on which model was measured: size, training, elites and holdout error."""
+    from offrl import checkpoint as ckpt
+
+    saved = ckpt.load(path)
+    cfg = model.cfg
+    epochs = f", trained {saved['epochs']} epochs" if saved.get("epochs") is not None else ""
+    cap = f" (capped at {cfg.max_epochs})" if cfg.max_epochs is not None else " (early stopping)"
+    holdout = ", ".join(f"{x:.3g}" for x in model.holdout_mse.tolist())
+    return (f"Model: {model.members} members of {' x '.join(map(str, cfg.hidden))}{epochs}{cap if epochs else ''}, "
+            f"seed {saved.get('seed')}, elites {model.elites}, holdout MSE per member {holdout}.")
+
+
 def write_report(report: dict, out: Path, title: str, command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "model-error.json").write_text(json.dumps(report, indent=2))
@@ -133,7 +150,9 @@ def write_report(report: dict, out: Path, title: str, command: str) -> None:
              "the model (each member on its own mean predictions; the elite mean averages the elites' predicted "
              "changes each step). Error = mean Euclidean distance between predicted and true observation over the "
              f"starts whose true episode still runs at k (counts per k: {report['running_per_k']}); for scale, "
-             f"a start state lies {report['data_obs_scale']:.3g} from the data's mean state on average.", "",
+             f"a start state lies {report['data_obs_scale']:.3g} from the data's mean state on average. Starts are "
+             "drawn among rows whose k steps stay inside their episode and end before its last row, so no "
+             "window holds a terminal transition. " + report.get("model", ""), "",
              "| observation error | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for name, values in report["obs_error"].items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.3g}" for v in values) + " |")
@@ -184,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     dataset = load_dataset(args.dataset)
     model = load_model(args.model, "cpu", dataset.obs_dim, dataset.act_dim)
     report = evaluate_model(model, dataset, env_spec_from_metadata(dataset.metadata), args.horizon, args.starts, args.seed)
+    report["model"] = describe_model(args.model, model)
     command = "python -m world_models.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
     write_report(report, Path(args.out), f"Dynamics model error against the simulator on {args.dataset}", command)
     print(f"wrote {Path(args.out) / 'model-error.md'}")
