@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from offrl.checkpoint import run_checkpoint
+from offrl.checkpoint import has_checkpoint
 from offrl.data.sources import sanitize
 
 
@@ -51,7 +51,7 @@ class Job:
         return final.exists() and json.loads(final.read_text()).get("steps") == self.steps
 
     def has_checkpoint(self) -> bool:
-        return run_checkpoint(self.run_dir).exists()
+        return has_checkpoint(self.run_dir)
 
     def command(self, common: list[str], threads: int = 1) -> list[str]:
         return [sys.executable, "-m", f"algos.{self.algo}", "--dataset", self.dataset, "--seed", str(self.seed),

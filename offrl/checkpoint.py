@@ -1,11 +1,23 @@
-"""Checkpoints: written atomically (temp file in the same folder, fsync, rename) and read with
-`torch.load(weights_only=True)`, so a crash mid-write never replaces a good checkpoint and a file
-cannot execute code when loaded."""
+"""Checkpoints: written atomically (temp file in the same folder, fsync, rename), carrying a SHA-256
+of their contents, and read with `torch.load(weights_only=True)`. A crash mid-write never replaces a
+good checkpoint, a file damaged later (truncated, bit flips) is detected rather than half-loaded, and
+a file cannot execute code when loaded.
+
+A file is `torch.save({"format": FORMAT, "sha256": hex, "payload": uint8 tensor})`, the payload being
+the `torch.save` bytes of the state. Files written before the checksum existed (a plain state dict)
+still load. `save(..., keep_previous=True)` first keeps the current file as `previous_path(path)` (a
+hard link, so some checkpoint exists at every instant), and `load_or_previous` falls back to it, with
+a warning, when the newest is damaged."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import io
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +26,9 @@ import torch
 
 from offrl.errors import CheckpointError
 
+FORMAT = "offrl-checkpoint-v2"
+# errors that mean the disk (or a quota or file-size limit) has no room for the file
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def run_checkpoint(run_dir: str | os.PathLike) -> Path:
@@ -21,29 +36,88 @@ def run_checkpoint(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints" / "last.pt"
 
 
-def save(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+def previous_path(path: str | os.PathLike) -> Path:
+    """The checkpoint kept from before the latest save (`checkpoints/last.pt` -> `checkpoints/previous.pt`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    return path.with_name("previous.pt") if path.name == "last.pt" else path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+def has_checkpoint(run_dir: str | os.PathLike) -> bool:
+    last = run_checkpoint(run_dir)
+    return last.exists() or previous_path(last).exists()
+
+
+def _encode(state: dict[str, Any]) -> dict[str, Any]:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    raw = buffer.getbuffer()
+    return {"format": FORMAT, "sha256": hashlib.sha256(raw).hexdigest(),
+            "payload": torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
+
+
+def save(path: str | os.PathLike, state: dict[str, Any], keep_previous: bool = False) -> Path:
+    """Write `state` to `path` atomically. A full disk raises CheckpointError and leaves `path` as it was."""
+    path = Path(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        encoded = _encode(state)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            torch.save(encoded, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.exists():
+            _keep(path, previous_path(path))
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        tmp = None
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise CheckpointError(f"checkpoint {path}: cannot be written ({os.strerror(exc.errno)}); the "
+                                  "checkpoint already there is unchanged") from None
         raise
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return path
+
+
+def _keep(path: Path, previous: Path) -> None:
+    """previous <- path, atomically, without a moment in which neither exists."""
+    link = previous.with_name(f".{previous.name}.link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+    try:
+        os.link(path, link)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(path, link)
+    os.replace(link, previous)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> None:
+    """Delete the temp files of writes that a killed process never finished."""
+    for stale in Path(folder).glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: file not found")
+    state = _torch_load(path, path, map_location)
+    if state.get("format") == FORMAT and "payload" in state:
+        raw = state["payload"].numpy().tobytes()
+        if hashlib.sha256(raw).hexdigest() != state.get("sha256"):
+            raise CheckpointError(f"checkpoint {path}: corrupt (its contents do not match their SHA-256)")
+        state = _torch_load(io.BytesIO(raw), path, map_location)
+    return state
+
+
+def _torch_load(source, path: Path, map_location) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path}: cannot be loaded (corrupt, truncated, or not an offrl "
@@ -51,6 +125,22 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path}: expected a dict, found {type(state).__name__}")
     return state
+
+
+def load_or_previous(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path]:
+    """`path`'s state, or, when it is missing or damaged, the previous checkpoint's (with a warning on
+    stderr); returns the state and the file it came from. Raises when neither loads."""
+    path = Path(path)
+    try:
+        return load(path, map_location), path
+    except CheckpointError as error:
+        previous = previous_path(path)
+        if not previous.is_file():
+            raise
+        state = load(previous, map_location)
+        print(f"warning: {error}; using the previous checkpoint {previous} (step {state.get('step', '?')})",
+              file=sys.stderr)
+        return state, previous
 
 
 def load_state_dicts(objects: dict[str, Any], states: dict[str, Any], source: str) -> None:

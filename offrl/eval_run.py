@@ -36,7 +36,7 @@ def checkpoint_of(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = ckpt.run_checkpoint(path)
-        if not path.is_file():
+        if not ckpt.has_checkpoint(path.parent.parent):
             raise CheckpointError(f"{path.parent.parent}: not a run folder with a checkpoint (no checkpoints/last.pt)")
     elif not path.exists():
         raise CheckpointError(f"{path}: no such run folder or checkpoint file")
@@ -59,8 +59,7 @@ def default_policies(cfg, agent, metadata: dict, targets: Sequence[float] | None
 def load_saved_run(path: str | Path, device: str = "auto", threads: int | None = None):
     """The run saved at `path`, rebuilt: (algorithm module, config, agent with the saved state, eval
     metadata, checkpoint file, step)."""
-    file = checkpoint_of(path)
-    state = ckpt.load(file)
+    state, file = ckpt.load_or_previous(checkpoint_of(path))
     algo, config = state.get("algo"), state.get("config")
     if not isinstance(algo, str) or not isinstance(config, str) or "objects" not in state:
         raise CheckpointError(f"checkpoint {file}: not an offrl training checkpoint (no algo, config or objects)")

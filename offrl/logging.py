@@ -87,8 +87,17 @@ class Logger:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, "time": round(time.time(), 3), **metrics}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            from offrl.checkpoint import NO_SPACE
+            from offrl.errors import OffrlError
+
+            if exc.errno not in NO_SPACE:
+                raise
+            raise OffrlError(f"{self.metrics_path}: cannot be written ({os.strerror(exc.errno)}) at step {step}; "
+                             "the run stops, its last checkpoint is unchanged (--resume latest once there is room)") from None
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
@@ -100,10 +109,19 @@ class Logger:
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after `last_step` (they came from steps a resumed run will redo)."""
+    """Drop rows logged after `last_step` (they came from steps a resumed run will redo), and a last
+    line cut off by a killed process."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+
+    def step_of(line: str) -> int | None:
+        try:
+            return json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and (step := step_of(line)) is not None and step <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)

@@ -95,13 +95,19 @@ class Run:
         self.extra_evals: dict[str, dict[str, float]] = {}
         self.last_checkpoint_step: int | None = None
         self._restored_state: dict | None = None
+        self._unchecked: tuple[int, dict] | None = None  # metrics of a step not yet checked for NaN/inf
         # wall time of the run's counted steps over all its processes; None after resuming a checkpoint
         # that did not record it (written before offrl kept it)
         self.wall_before: float | None = 0.0
         self.resumes = 0
         wandb_id = None
         if self.resume_from is not None:
-            self._restored_state = ckpt.load(self.resume_from, map_location=self.device)
+            self._restored_state, loaded = ckpt.load_or_previous(self.resume_from, map_location=self.device)
+            if loaded != self.resume_from and self.resume_from.exists():
+                # keep the damaged file for inspection, out of the way of the next save's previous.pt
+                self.resume_from.replace(self.resume_from.with_name(self.resume_from.name + ".damaged"))
+            self.resume_from = loaded
+            ckpt.remove_stale_temporaries(self.resume_from.parent)
             self._check_same_config(self._restored_state)
             self.start_step = int(self._restored_state["step"])
             self.best_score = self._restored_state.get("best_score")
@@ -148,19 +154,24 @@ class Run:
         'auto': the same, or None (start a new run) when there is none."""
         if resume in ("latest", "auto"):
             base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
-            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if ckpt.run_checkpoint(p).exists()),
-                                key=lambda p: ckpt.run_checkpoint(p).stat().st_mtime)
+            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if ckpt.has_checkpoint(p)),
+                                key=self._checkpoint_time)
             if not candidates:
                 if resume == "auto":
                     return None
                 raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{self.cfg.seed}-*")
             return candidates[-1], ckpt.run_checkpoint(candidates[-1])
         path = Path(resume)
-        if path.is_dir():
+        if path.is_dir() and ckpt.has_checkpoint(path):
             return path, ckpt.run_checkpoint(path)
         if path.is_file():
             return path.parent.parent, path
         raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
+
+    @staticmethod
+    def _checkpoint_time(run_dir: Path) -> float:
+        last = ckpt.run_checkpoint(run_dir)
+        return max(p.stat().st_mtime for p in (last, ckpt.previous_path(last)) if p.exists())
 
     def _check_same_config(self, state: dict) -> None:
         saved, current = flatten(json.loads(state.get("config", "{}"))), flatten(self.config)
@@ -226,24 +237,35 @@ class Run:
         return step == self.cfg.steps or (every > 0 and step % every == 0)
 
     def log(self, step: int, metrics: dict[str, torch.Tensor], force: bool = False) -> None:
-        """Keep the tensors; gather them to the host (one sync) every log.every steps."""
+        """Keep the tensors; gather them to the host (one sync) every log.every steps. A NaN or inf
+        among them ends the run (TrainingDiverged) with the metric's name and the step."""
         if not (force or self._due(step, self.cfg.log.every)):
+            self._unchecked = (step, metrics)  # checked before the next checkpoint is written
             return
-        names = list(metrics)
-        values = torch.stack([metrics[k].detach().float().reshape(()) for k in names]).cpu().tolist()
-        row = dict(zip(names, values))
-        bad = [k for k, v in row.items() if not np.isfinite(v)]
-        if bad:
-            kept = (f"the last good checkpoint (step {self.last_checkpoint_step}) is kept at {self.checkpoint_path}"
-                    if self.last_checkpoint_step is not None else "no checkpoint was written before it")
-            self.logger.log(step, row)
-            self.logger.close()
-            self._restore_signals()
-            raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
+        row = self._gather(metrics)
+        self._stop_if_diverged(step, row)
+        self._unchecked = None
         row["steps_per_second"] = self.progress.steps_per_second(step)
         self.last_metrics = row
         self.logger.log(step, row)
         self.progress.update(step)
+
+    @staticmethod
+    def _gather(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+        names = list(metrics)
+        values = torch.stack([metrics[k].detach().float().reshape(()) for k in names]).cpu().tolist()
+        return dict(zip(names, values))
+
+    def _stop_if_diverged(self, step: int, row: dict[str, float]) -> None:
+        bad = [k for k, v in row.items() if not np.isfinite(v)]
+        if not bad:
+            return
+        kept = (f"the last good checkpoint (step {self.last_checkpoint_step}) is kept at {self.checkpoint_path}"
+                if self.last_checkpoint_step is not None else "no checkpoint was written before it")
+        self.logger.log(step, row)
+        self.logger.close()
+        self._restore_signals()
+        raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
 
     def log_values(self, step: int, values: dict[str, float]) -> None:
         """Log host-side numbers (e.g. online episode returns) as they come."""
@@ -273,6 +295,10 @@ class Run:
     def checkpoint(self, step: int, state: dict[str, Any] | None = None, force: bool = False) -> None:
         if not (force or self._due(step, self.cfg.run.checkpoint_every)):
             return
+        if self._unchecked is not None:  # never checkpoint a diverged state over the last good one
+            unchecked_step, metrics = self._unchecked
+            self._stop_if_diverged(unchecked_step, self._gather(metrics))
+            self._unchecked = None
         state = state if state is not None else self._state
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
@@ -283,7 +309,7 @@ class Run:
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
             "last_metrics": json.dumps(self.last_metrics), "extra_evals": json.dumps(self.extra_evals),
             "wandb_id": self.logger.wandb_id, "wall_seconds": self.wall_seconds(), "resumes": self.resumes,
-        })
+        }, keep_previous=True)
         self.last_checkpoint_step = step
 
     def wall_seconds(self) -> float | None:

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from offrl import checkpoint as ckpt
 from offrl.errors import OffrlError
 from offrl.eval_run import evaluate_saved_run
 
@@ -45,13 +46,13 @@ def test_bad_input_gets_a_clear_error(bc_run, tmp_path):
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(OffrlError, match="cannot be loaded"):
         evaluate_saved_run(tmp_path / "corrupt.pt")
-    state = torch.load(bc_run / "checkpoints" / "last.pt", weights_only=True)
+    state = ckpt.load(bc_run / "checkpoints" / "last.pt")
     config = json.loads(state["config"])
     config["data"]["no_such_option"] = 1
-    torch.save({**state, "config": json.dumps(config)}, tmp_path / "other-version.pt")
+    ckpt.save(tmp_path / "other-version.pt", {**state, "config": json.dumps(config)})
     with pytest.raises(OffrlError, match=r"config.data: unknown field\(s\) no_such_option"):
         evaluate_saved_run(tmp_path / "other-version.pt")
-    torch.save({**state, "algo": "nope"}, tmp_path / "unknown-algo.pt")
+    ckpt.save(tmp_path / "unknown-algo.pt", {**state, "algo": "nope"})
     with pytest.raises(OffrlError, match="algorithm 'nope'"):
         evaluate_saved_run(tmp_path / "unknown-algo.pt")
     with pytest.raises(OffrlError, match="not return-conditioned"):
