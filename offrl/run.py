@@ -20,6 +20,7 @@ interrupted-and-resumed run ends with the same numbers as an uninterrupted one (
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import sys
@@ -133,7 +134,11 @@ class Run:
         self.start_time = time.perf_counter()
 
     def _request_stop(self, signum, frame) -> None:
+        if self.stop_signal is not None:  # a second signal: stop now; the last periodic checkpoint stands
+            raise KeyboardInterrupt
         self.stop_signal = signum
+        os.write(2, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) with a "
+                    "checkpoint; signal again to stop at once\n".encode())
 
     def _restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():

@@ -1,0 +1,240 @@
+"""Faults a preempted or unlucky job meets, injected on purpose (tests/fault_injection.py): SIGKILL at
+random steps and in the middle of a checkpoint write, a damaged last.pt, a full disk, signals during an
+evaluation, NaN/inf losses. Each run ends as an uninterrupted one would, or stops with a clear error and
+its last good checkpoint intact."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from offrl import checkpoint as ckpt
+
+from conftest import PYTHON, ROOT, run_cli
+
+INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
+QUIET = ["--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1"]
+OFFLINE = ["-m", "algos.td3_bc", "--steps", "1200", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "50",
+           "--run.checkpoint-every", "100", "--hidden", "64", "64", *QUIET]
+ONLINE = ["-m", "algos.sac", "--env-id", "InvertedPendulum-v5", "--steps", "1000", "--learning-starts", "200",
+          "--eval.every", "500", "--eval.episodes", "2", "--log.every", "50", "--run.checkpoint-every", "100",
+          "--actor-every", "0", "--hidden", "32", "32", *QUIET]
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+
+
+def launch(args, out_dir, faults=None, resume=False):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(faults or {})}
+    command = [PYTHON, INJECT, *args, "--run.out-dir", str(out_dir), *(["--resume", "latest"] if resume else [])]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=300):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def the_run(base):
+    runs = [p for p in base.glob("*/*/*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def saved_step(path):
+    try:
+        return ckpt.load(path)["step"]
+    except Exception:
+        return None
+
+
+def kill_after_checkpoint(proc, base, step, timeout=120):
+    """SIGKILL `proc` as soon as its checkpoint has reached `step`; returns that checkpoint's step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        found = list(base.glob("*/*/*/checkpoints/last.pt"))
+        seen = saved_step(found[0]) if found else None
+        if seen is not None and seen >= step:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return seen
+        time.sleep(0.01)
+    raise AssertionError(f"the run ended or stalled before checkpointing step {step}: {finish(proc)}")
+
+
+def rows(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE} for line in lines]
+
+
+def final(run_dir):
+    return {k: v for k, v in json.loads((run_dir / "final.json").read_text()).items() if k not in VOLATILE}
+
+
+def assert_same_tree(a, b, where="objects"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_tree(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def crash_and_resume(args, tmp_path, kills):
+    """Kill a run at random checkpointed steps, then once in the middle of a checkpoint write, damage
+    the last checkpoint, resume to the end; compare with an uninterrupted run."""
+    straight = tmp_path / "straight"
+    code, _, err = finish(launch(args, straight))
+    assert code == 0, err
+
+    crashed = tmp_path / "crashed"
+    steps = int(args[args.index("--steps") + 1])
+    targets = sorted(random.Random(0).sample(range(100, steps - 300, 100), kills))
+    stopped_at = []
+    for i, target in enumerate(targets):
+        stopped_at.append(kill_after_checkpoint(launch(args, crashed, resume=i > 0), crashed, target))
+    run_dir = the_run(crashed)
+    checkpoints = run_dir / "checkpoints"
+    assert stopped_at == sorted(stopped_at) and stopped_at[-1] < steps
+
+    # killed halfway through writing its second checkpoint: last.pt is still the first one
+    code, _, _ = finish(launch(args, crashed, {"FAULT_KILL_IN_SAVE": "2"}, resume=True))
+    assert code == -signal.SIGKILL
+    assert list(checkpoints.glob(".*.tmp")), "the half-written temp file should be there"
+    assert saved_step(checkpoints / "last.pt") == stopped_at[-1] + 100
+
+    # the newest checkpoint damaged (cut short): the previous one is used, with a warning
+    last = checkpoints / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])
+    code, out, err = finish(launch(args, crashed, resume=True))
+    assert code == 0, err
+    assert "corrupt" in err and f"using the previous checkpoint {checkpoints / 'previous.pt'} (step {stopped_at[-1]})" in err
+    assert not list(checkpoints.glob(".*.tmp")) and (checkpoints / "last.pt.damaged").exists()
+
+    expected = the_run(straight)
+    assert rows(run_dir) == rows(expected)
+    assert final(run_dir) == final(expected)
+    # counted along the checkpoints it continued from: the process killed in its write left only last.pt,
+    # which was then damaged, so its resume is not among them
+    assert json.loads((run_dir / "final.json").read_text())["resumes"] == kills
+    a, b = ckpt.load(run_dir / "checkpoints" / "last.pt"), ckpt.load(expected / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] == steps
+    assert_same_tree(a["objects"], b["objects"])
+    assert_same_tree(a["rng"], b["rng"], "rng")
+
+
+def test_offline_run_survives_repeated_kills(tiny, tmp_path):
+    crash_and_resume(OFFLINE, tmp_path, kills=3)
+
+
+def test_online_sac_survives_repeated_kills(tmp_path):
+    """SAC's checkpoint holds the MuJoCo state, the episode in progress and the env's RNGs, so an online
+    run too ends exactly as an uninterrupted one."""
+    crash_and_resume(ONLINE, tmp_path, kills=2)
+
+
+def short(eval_every=0):
+    return ["-m", "algos.td3_bc", "--steps", "300", "--eval.every", str(eval_every), "--eval.episodes", "2",
+            "--log.every", "50", "--run.checkpoint-every", "100", "--hidden", "32", "32", *QUIET]
+
+
+SHORT = short()
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "log"])
+def test_a_full_disk_ends_the_run_and_keeps_the_last_checkpoint(tiny, tmp_path, where):
+    # checkpoint: the second checkpoint write fails; log: the third metrics line (step 150) fails
+    faults = {"FAULT_FULL_DISK_SAVE": "2"} if where == "checkpoint" else {"FAULT_FULL_DISK_LOG": "3"}
+    code, _, err = finish(launch(SHORT, tmp_path, faults))
+    assert code == 1 and "No space left on device" in err and "Traceback" not in err, err
+    assert ("last.pt: cannot be written" if where == "checkpoint" else "metrics.jsonl: cannot be written") in err
+    checkpoints = the_run(tmp_path) / "checkpoints"
+    assert saved_step(checkpoints / "last.pt") == 100
+    assert not list(checkpoints.glob(".*.tmp"))
+    code, _, err = finish(launch(SHORT, tmp_path, resume=True))  # once there is room again
+    assert code == 0 and "at step 100" in err, err
+    assert final(the_run(tmp_path))["steps"] == 300
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_evaluation_checkpoints_that_step_and_exits(tiny, tmp_path, sig):
+    args = short(eval_every=100)
+    code, _, err = finish(launch(args, tmp_path / "stopped", {"FAULT_SIGNAL_IN_EVAL": str(int(sig))}))
+    run_dir = the_run(tmp_path / "stopped")
+    assert code == 128 + sig and "Traceback" not in err, err
+    assert saved_step(run_dir / "checkpoints" / "last.pt") == 100
+    assert [r["step"] for r in rows(run_dir) if "eval/return_mean" in r] == [100]  # the evaluation finished
+    code, _, err = finish(launch(args, tmp_path / "stopped", resume=True))
+    assert code == 0, err
+    finish(launch(args, tmp_path / "straight"))
+    assert rows(run_dir) == rows(the_run(tmp_path / "straight"))
+
+
+def test_a_second_signal_stops_at_once(tiny, tmp_path):
+    args = short(eval_every=150)
+    code, _, err = finish(launch(args, tmp_path, {"FAULT_SIGNAL_IN_EVAL": str(int(signal.SIGINT)), "FAULT_SIGNAL_TWICE": "1"}))
+    assert code == 130 and "interrupted; continue with --resume latest" in err and "Traceback" not in err, err
+    assert saved_step(the_run(tmp_path) / "checkpoints" / "last.pt") == 100  # the periodic checkpoint stands
+
+
+TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16", "--model.weight-decay",
+              "0", "0", "0", "--model.max-epochs", "2", "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
+ALGORITHM_ARGS = {
+    "bc": [], "td3_bc": ["--hidden", "32", "32"], "iql": [], "cql": ["--hidden", "32", "32"], "riql": [],
+    "dt": ["--embed-dim", "32", "--layers", "1", "--heads", "1", "--batch-size", "16"], "rcsl": [],
+    "sac": ["--env-id", "InvertedPendulum-v5", "--learning-starts", "10", "--actor-every", "0", "--hidden", "32", "32"],
+    "mopo": TINY_MODEL, "mobile": [*TINY_MODEL, "--num-samples", "3"], "ravl": [*TINY_MODEL, "--num-critics", "3"],
+}
+
+
+@pytest.fixture(scope="module")
+def shared_models(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHM_ARGS))
+def test_a_non_finite_loss_stops_every_algorithm(tiny, tmp_path, algo, shared_models, monkeypatch):
+    """From step 25 on every loss the algorithm logs is NaN (inf for every other algorithm): the run stops
+    at step 25 naming each loss, exits non-zero, and its checkpoint is the one of step 20, intact."""
+    monkeypatch.setenv("OFFRL_MODELS", str(shared_models))
+    value = "inf" if sorted(ALGORITHM_ARGS).index(algo) % 2 else "nan"
+    args = ["-m", f"algos.{algo}", "--steps", "40", "--log.every", "1", "--run.checkpoint-every", "10", "--eval.every", "0",
+            *QUIET, *ALGORITHM_ARGS[algo]]
+    clean = launch(args, tmp_path / "clean", {"FAULT_POISON": "1000"})  # the names of the losses it logs
+    code, _, err = finish(clean)
+    assert code == 0, err
+    losses = sorted({k for row in rows(the_run(tmp_path / "clean")) for k in row if "loss" in k})
+    assert losses, "the algorithm logs no loss"
+
+    code, _, err = finish(launch(args, tmp_path / "poisoned", {"FAULT_POISON": "25", "FAULT_POISON_VALUE": value}))
+    assert code == 1 and "Traceback" not in err, err
+    message = next(line for line in err.splitlines() if line.startswith("error:"))
+    assert f"became {value} at step 25" in message and "last good checkpoint (step 20)" in message, message
+    named = message.split(": ", 2)[2].split(" became")[0].split(", ")
+    assert sorted(named) == losses, message
+    state = ckpt.load(the_run(tmp_path / "poisoned") / "checkpoints" / "last.pt")
+    assert state["step"] == 20
+    tensors = []
+
+    def collect(tree):
+        if isinstance(tree, torch.Tensor):
+            tensors.append(tree)
+        elif isinstance(tree, dict):
+            for v in tree.values():
+                collect(v)
+        elif isinstance(tree, (list, tuple)):
+            for v in tree:
+                collect(v)
+
+    collect(state["objects"])
+    assert all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
