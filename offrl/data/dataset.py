@@ -23,6 +23,8 @@ import numpy as np
 from offrl.errors import DatasetError
 
 ARRAY_FIELDS = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+MATRIX_FIELDS = ("observations", "actions", "next_observations")  # [N, dim]; the others are [N]
+FLAG_FIELDS = ("terminals", "timeouts")  # 0/1
 
 
 @dataclass
@@ -105,14 +107,19 @@ class Dataset:
             value = getattr(self, name)
             if not isinstance(value, np.ndarray):
                 raise DatasetError(src, f"expected an array, got {type(value).__name__}", name)
-        n = len(self.rewards)
+        for name in ARRAY_FIELDS:
+            check_dtype(getattr(self, name), name, src, flags=name in FLAG_FIELDS)
+        n = len(self.rewards) if self.rewards.ndim else 0
         for name in ARRAY_FIELDS:
             value = getattr(self, name)
-            want_ndim = 2 if name in ("observations", "actions", "next_observations") else 1
+            want_ndim = 2 if name in MATRIX_FIELDS else 1
             if value.ndim != want_ndim:
                 raise DatasetError(src, f"expected {want_ndim} dimension(s), got shape {value.shape}", name)
             if len(value) != n:
                 raise DatasetError(src, f"length {len(value)} does not match rewards' length {n}", name)
+        for name in ("observations", "actions"):
+            if getattr(self, name).shape[1] == 0:
+                raise DatasetError(src, f"width 0: shape {getattr(self, name).shape} has no features", name)
         if self.next_observations.shape[1] != self.observations.shape[1]:
             raise DatasetError(src, f"width {self.next_observations.shape[1]} != observations' width "
                                f"{self.observations.shape[1]}", "next_observations")
@@ -120,12 +127,12 @@ class Dataset:
             raise DatasetError(src, "the dataset has no transitions", "rewards")
         for name in ARRAY_FIELDS:
             check_finite(getattr(self, name), name, src)
-        for name in ("terminals", "timeouts"):
-            value = getattr(self, name)
-            bad = ~np.isin(value, (0.0, 1.0))
-            if bad.any():
-                raise DatasetError(src, f"values must be 0 or 1, row {int(np.argmax(bad))} is {value[bad][0]}", name)
+        for name in FLAG_FIELDS:
+            check_flags(getattr(self, name), name, src)
         starts = self.episode_starts
+        if not isinstance(starts, np.ndarray) or starts.dtype.kind not in "iu" or starts.ndim != 1:
+            raise DatasetError(src, "episode starts must be a 1-dimensional array of integers, got "
+                               f"{describe(starts)}", "episode_starts")
         if len(starts) == 0 or starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= n:
             raise DatasetError(src, "episode starts must be strictly increasing, begin at 0 and lie below "
                                f"the number of rows ({n})", "episode_starts")
@@ -150,13 +157,75 @@ class Dataset:
         )
 
 
-def check_finite(value: np.ndarray, name: str, source: str) -> None:
+def describe(value: Any) -> str:
+    """An array's dtype and shape (or a non-array's type), for error messages."""
+    if isinstance(value, np.ndarray):
+        return f"dtype {value.dtype}, shape {value.shape}"
+    return type(value).__name__
+
+
+def check_dtype(value: Any, name: str, source: str, flags: bool = False, where: str = "") -> None:
+    """Refuse what is not plain numbers: text, objects (ragged rows, pickles), complex numbers and
+    bools; bools are fine in 0/1 flag columns (terminals, timeouts). `where` prefixes the message."""
+    if not isinstance(value, np.ndarray):
+        raise DatasetError(source, f"{where}expected an array, got {type(value).__name__}", name)
+    if value.dtype.kind not in ("fiub" if flags else "fiu"):
+        what = "0/1 flags" if flags else "real numbers"
+        hint = {"U": " (text)", "S": " (text)", "O": " (objects: text or rows of different lengths)",
+                "c": " (complex numbers)", "b": " (booleans)", "V": " (raw bytes or records)"}.get(value.dtype.kind, "")
+        raise DatasetError(source, f"{where}expected {what}, got dtype {value.dtype}{hint}", name)
+
+
+def check_finite(value: np.ndarray, name: str, source: str, where: str = "") -> None:
     if np.issubdtype(value.dtype, np.floating):
         bad = ~np.isfinite(value)
         if bad.any():
-            row = int(np.argwhere(bad)[0][0])
+            row = int(np.argwhere(bad)[0][0]) if value.ndim else 0
             kind = "NaN" if np.isnan(value[bad]).any() else "inf"
-            raise DatasetError(source, f"{int(bad.sum())} non-finite value(s) ({kind}; first at row {row})", name)
+            raise DatasetError(source, f"{where}{int(bad.sum())} non-finite value(s) ({kind}; first at row {row})", name)
+
+
+def check_flags(value: np.ndarray, name: str, source: str, where: str = "") -> None:
+    bad = (value != 0) & (value != 1)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0]) if value.ndim else 0
+        raise DatasetError(source, f"{where}values must be 0 or 1, row {row} is {value[bad][0]:g}", name)
+
+
+def to_float32(value: np.ndarray, name: str, source: str, flags: bool = False, where: str = "") -> np.ndarray:
+    """A numeric column (dtype already checked with `check_dtype`) as float32: refuses NaN/inf, values
+    too large for float32 (they would silently become inf) and, for flags, values other than 0 and 1."""
+    check_finite(value, name, source, where)
+    out = np.asarray(value, dtype=np.float32)
+    if value.dtype.kind == "f" and value.dtype.itemsize > 4:
+        over = np.isinf(out)
+        if over.any():
+            row = int(np.argwhere(over)[0][0]) if value.ndim else 0
+            raise DatasetError(source, f"{where}{int(over.sum())} value(s) too large for float32 (|x| > 3.4e38; "
+                               f"first at row {row}: {value[over][0]:g})", name)
+    if flags:
+        check_flags(out, name, source, where)
+    return out
+
+
+def as_matrix(value: np.ndarray, name: str, source: str) -> np.ndarray:
+    """An [N, dim] field (a 1-dimensional array is one feature per row)."""
+    if value.ndim == 1:
+        value = value.reshape(-1, 1)
+    if value.ndim != 2:
+        raise DatasetError(source, f"expected shape [N, dim], got shape {value.shape}", name)
+    if value.shape[1] == 0:
+        raise DatasetError(source, f"width 0: shape {value.shape} has no features", name)
+    return value
+
+
+def as_column(value: np.ndarray, name: str, source: str, where: str = "") -> np.ndarray:
+    """An [N] field ([N, 1] is accepted and flattened)."""
+    if value.ndim == 2 and value.shape[1] == 1:
+        value = value.reshape(-1)
+    if value.ndim != 1:
+        raise DatasetError(source, f"{where}expected shape [N] (or [N, 1]), got shape {value.shape}", name)
+    return value
 
 
 def episode_starts_from_flags(
@@ -180,6 +249,8 @@ def episode_starts_from_flags(
 def close_open_episodes(timeouts: np.ndarray, terminals: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
     """Mark the last row of every episode that ends without a terminal as a timeout (cut: bootstrap)."""
     timeouts = timeouts.copy()
+    if len(timeouts) == 0:
+        return timeouts
     last_rows = np.append(episode_starts[1:], len(timeouts)) - 1
     open_end = terminals[last_rows] == 0
     timeouts[last_rows[open_end]] = 1.0

@@ -7,6 +7,7 @@ Every loader returns a validated `Dataset` with metadata `name`, `source`, `env_
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -17,10 +18,16 @@ import numpy as np
 from offrl import scores
 from offrl.data.dataset import (
     ARRAY_FIELDS,
+    FLAG_FIELDS,
+    MATRIX_FIELDS,
     Dataset,
-    check_finite,
+    as_column,
+    as_matrix,
+    check_dtype,
     close_open_episodes,
+    describe,
     episode_starts_from_flags,
+    to_float32,
 )
 from offrl.errors import DatasetError
 
@@ -50,7 +57,7 @@ def load_dataset(source: str, env_id: str | None = None, download: bool = False,
         dataset = load_minari(source, download=download)
     if env_id:
         dataset.metadata["env_id"] = env_id
-        if dataset.metadata.get("env_spec") and json.loads(dataset.metadata["env_spec"]).get("id") != env_id:
+        if dataset.metadata.get("env_spec") and _env_spec_id(dataset.metadata["env_spec"]) != env_id:
             dataset.metadata["env_spec"] = None
     set_reference_scores(dataset.metadata, ref_min_score, ref_max_score, source)
     dataset.metadata["checksum"] = dataset.checksum()
@@ -98,7 +105,7 @@ def load_minari(dataset_id: str, download: bool = False) -> Dataset:
         raise DatasetError(dataset_id, f"no local Minari dataset with this id (local: {local}); "
                            "make one with `offrl datasets make`, or pass --data.download to fetch it") from None
     except Exception as exc:  # minari raises many kinds for corrupt folders and failed downloads
-        raise DatasetError(dataset_id, f"cannot load Minari dataset: {type(exc).__name__}: {exc}") from None
+        raise DatasetError(dataset_id, f"cannot load Minari dataset: {_reason(exc)}") from None
 
     import gymnasium as gym
 
@@ -107,44 +114,160 @@ def load_minari(dataset_id: str, download: bool = False) -> Dataset:
                            f"(got {type(mdata.observation_space).__name__}, {type(mdata.action_space).__name__})")
     columns: dict[str, list[np.ndarray]] = {k: [] for k in ARRAY_FIELDS}
     starts, row = [], 0
-    for episode in mdata.iterate_episodes():
-        obs = np.asarray(episode.observations, dtype=np.float32).reshape(len(episode.observations), -1)
-        actions = np.asarray(episode.actions, dtype=np.float32).reshape(len(episode.actions), -1)
-        steps = len(actions)
-        for name, value in (("observations", obs[:-1]), ("rewards", episode.rewards),
-                            ("terminations", episode.terminations), ("truncations", episode.truncations)):
-            if len(value) != steps:
-                raise DatasetError(dataset_id, f"episode {episode.id}: {len(value)} entries for {steps} actions "
-                                   "(Minari stores T+1 observations for T actions)", name)
-        starts.append(row)
-        row += steps
-        columns["observations"].append(obs[:-1])
-        columns["next_observations"].append(obs[1:])
-        columns["actions"].append(actions)
-        columns["rewards"].append(np.asarray(episode.rewards, dtype=np.float32))
-        columns["terminals"].append(np.asarray(episode.terminations, dtype=np.float32))
-        columns["timeouts"].append(np.asarray(episode.truncations, dtype=np.float32))
+    spaces = {"observations": tuple(mdata.observation_space.shape), "actions": tuple(mdata.action_space.shape)}
+    try:
+        for episode in mdata.iterate_episodes():
+            obs, actions, rewards, terminations, truncations = _minari_episode(episode, spaces, dataset_id)
+            starts.append(row)
+            row += len(actions)
+            columns["observations"].append(obs[:-1])
+            columns["next_observations"].append(obs[1:])
+            columns["actions"].append(actions)
+            columns["rewards"].append(rewards)
+            columns["terminals"].append(terminations)
+            columns["timeouts"].append(truncations)
+    except DatasetError:
+        raise
+    except Exception as exc:  # minari's readers fail with KeyError, AssertionError, OSError, ... on damaged files
+        _diagnose_minari_hdf5(mdata, dataset_id)  # names the episode and field when it can
+        raise DatasetError(dataset_id, f"cannot read episode data: {_reason(exc)}") from None
+    _check_minari_episode_count(mdata, dataset_id)
     if not starts:
         raise DatasetError(dataset_id, "the dataset has no episodes")
-    arrays = {k: np.concatenate(v) for k, v in columns.items()}
     meta = mdata.storage.metadata
+    declared = meta.get("total_steps")
+    if isinstance(declared, (int, np.integer)) and not isinstance(declared, bool) and declared != row:
+        raise DatasetError(dataset_id, f"the metadata's total_steps is {declared}, but its episodes hold {row} steps",
+                           "total_steps")
+    arrays = {k: np.concatenate(v) for k, v in columns.items()}
     spec = getattr(mdata, "_eval_env_spec", None) or mdata.spec.env_spec
     metadata = {
         "name": dataset_id,
         "source": f"minari:{dataset_id}",
         "env_id": spec.id if spec is not None else None,
         "env_spec": spec.to_json() if spec is not None else None,
-        "ref_min_score": _float_or_none(meta.get("ref_min_score")),
-        "ref_max_score": _float_or_none(meta.get("ref_max_score")),
+        "ref_min_score": _reference_score(meta.get("ref_min_score"), "ref_min_score", dataset_id),
+        "ref_max_score": _reference_score(meta.get("ref_max_score"), "ref_max_score", dataset_id),
         "ref_source": "dataset metadata" if meta.get("ref_max_score") is not None else None,
         "description": meta.get("description"),
         "stored_checksum": _offrl_metadata(meta).get("checksum"),
         "offrl": _offrl_metadata(meta),
     }
+    _check_reference_order(metadata, dataset_id)
     dataset = Dataset(**arrays, episode_starts=np.asarray(starts, np.int64), metadata=metadata)
     # Episodes that end with neither flag (a recording stopped early) are cut: bootstrap them.
     dataset.timeouts = close_open_episodes(dataset.timeouts, dataset.terminals, dataset.episode_starts)
     return dataset.validate(dataset_id)
+
+
+MINARI_KEYS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
+def _minari_episode(episode, spaces: dict[str, tuple], dataset_id: str) -> tuple[np.ndarray, ...]:
+    """One episode's observations [T+1, obs_dim], actions [T, act_dim], rewards, terminations and
+    truncations [T] as float32, checked: numbers only, the shapes the dataset's spaces give, T + 1
+    observations for T actions, T >= 1, finite values within float32, 0/1 flags on the last step only."""
+    import h5py
+
+    where = f"episode {episode.id}: "
+    values = {}
+    for name in MINARI_KEYS:
+        value = getattr(episode, name)
+        if isinstance(value, h5py.Empty):
+            raise DatasetError(dataset_id, f"{where}holds no data (an empty HDF5 dataset)", name)
+        value = np.asarray(value)
+        check_dtype(value, name, dataset_id, flags=name in ("terminations", "truncations"), where=where)
+        values[name] = value
+    for name, shape in spaces.items():
+        value = values[name]
+        if value.ndim == 0 or value.shape[1:] != shape:
+            rows = "T + 1" if name == "observations" else "T"
+            raise DatasetError(dataset_id, f"{where}shape {value.shape} does not match the dataset's {name[:-1]} "
+                               f"space: expected [{rows}, {', '.join(map(str, shape))}]", name)
+    for name in ("rewards", "terminations", "truncations"):
+        values[name] = as_column(values[name], name, dataset_id, where=where)
+    steps = len(values["actions"])
+    if len(values["observations"]) != steps + 1:
+        raise DatasetError(dataset_id, f"{where}length {len(values['observations'])} for {steps} actions (Minari "
+                           "stores T + 1 observations for T actions)", "observations")
+    for name in ("rewards", "terminations", "truncations"):
+        if len(values[name]) != steps:
+            raise DatasetError(dataset_id, f"{where}length {len(values[name])} does not match its {steps} actions", name)
+    if steps == 0:
+        raise DatasetError(dataset_id, f"{where}the episode has no steps (one observation, no actions)", "actions")
+    out = {}
+    for name in MINARI_KEYS:
+        flags = name in ("terminations", "truncations")
+        value = to_float32(values[name], name, dataset_id, flags=flags, where=where)
+        if flags and value[:-1].any():
+            step = int(np.argmax(value[:-1] > 0))
+            raise DatasetError(dataset_id, f"{where}step {step} of {steps} ends the episode in the middle (only an "
+                               f"episode's last step can be a {name[:-1]})", name)
+        out[name] = value.reshape(len(value), -1) if name in ("observations", "actions") else value
+    return tuple(out[name] for name in MINARI_KEYS)
+
+
+def _minari_hdf5_file(mdata) -> Path | None:
+    storage = mdata.storage
+    path = getattr(storage, "_file_path", None)
+    return Path(path) if getattr(storage, "FORMAT", None) == "hdf5" and path is not None else None
+
+
+def _diagnose_minari_hdf5(mdata, dataset_id: str) -> None:
+    """After minari failed to read an hdf5-format dataset: raise a DatasetError naming the missing or
+    unreadable episode and field, if the file shows one."""
+    import h5py
+
+    path = _minari_hdf5_file(mdata)
+    if path is None:
+        return
+    try:
+        with h5py.File(path, "r") as f:
+            for index in range(int(mdata.total_episodes)):
+                group = f.get(f"episode_{index}")
+                if not isinstance(group, h5py.Group):
+                    raise DatasetError(dataset_id, f"episode {index} is missing from {path.name} (the metadata lists "
+                                       f"{mdata.total_episodes} episodes)")
+                for key in MINARI_KEYS:
+                    node = group.get(key)
+                    where = f"episode {index}: "
+                    if node is None:
+                        raise DatasetError(dataset_id, f"{where}missing key (the episode has: "
+                                           f"{', '.join(sorted(group.keys())) or 'no keys'})", key)
+                    if not isinstance(node, h5py.Dataset):
+                        raise DatasetError(dataset_id, f"{where}expected an array, got an HDF5 {_h5_kind(node)}", key)
+                    if node.shape is None:
+                        raise DatasetError(dataset_id, f"{where}holds no data (an empty HDF5 dataset)", key)
+                    if node.ndim == 0:
+                        raise DatasetError(dataset_id, f"{where}expected one entry per step, got a scalar (shape ())", key)
+    except DatasetError:
+        raise
+    except Exception as exc:
+        raise DatasetError(dataset_id, f"cannot read {path}: {_reason(exc)}") from None
+
+
+def _check_minari_episode_count(mdata, dataset_id: str) -> None:
+    """An hdf5-format dataset's file holds exactly the episodes its metadata lists (minari would
+    silently skip the others)."""
+    import h5py
+
+    path = _minari_hdf5_file(mdata)
+    if path is None:
+        return
+    try:
+        with h5py.File(path, "r") as f:
+            found = sum(1 for key in f.keys() if re.fullmatch(r"episode_\d+", key))
+    except Exception as exc:
+        raise DatasetError(dataset_id, f"cannot read {path}: {_reason(exc)}") from None
+    if found != mdata.total_episodes:
+        raise DatasetError(dataset_id, f"{path.name} holds {found} episodes, but the metadata lists "
+                           f"{mdata.total_episodes} (total_episodes)")
+
+
+def _h5_kind(node) -> str:
+    import h5py
+
+    return "group" if isinstance(node, h5py.Group) else type(node).__name__
 
 
 def _offrl_metadata(meta: dict) -> dict:
@@ -157,8 +280,36 @@ def _offrl_metadata(meta: dict) -> dict:
     return raw if isinstance(raw, dict) else {}
 
 
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
+def _reference_score(value: Any, key: str, source: str) -> float | None:
+    """A reference return from a file's metadata: None, or a finite number."""
+    if value is None:
+        return None
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise DatasetError(source, f"expected a number, got {value!r}", key) from None
+    if not math.isfinite(score):
+        raise DatasetError(source, f"must be a finite number, got {score}", key)
+    return score
+
+
+def _check_reference_order(metadata: dict, source: str) -> None:
+    low, high = metadata.get("ref_min_score"), metadata.get("ref_max_score")
+    # Equal scores leave the normalized score undefined. A max below the min is kept: the suite's makers
+    # record what their policies returned, and an env whose "expert" scores below random is data, not damage.
+    if low is not None and high is not None and high == low:
+        raise DatasetError(source, f"ref_max_score {high} must differ from ref_min_score {low} "
+                           "(normalized score = 100 * (return - min) / (max - min))", "ref_max_score")
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line for a DatasetError message (the CLI prints errors as one line)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _env_spec_id(spec: Any) -> str | None:
+    return (json.loads(spec) if isinstance(spec, str) else spec).get("id")
 
 
 # ------------------------------------------------------------------------------------- D4RL hdf5
@@ -197,30 +348,24 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
             for key in D4RL_REQUIRED:
                 if key not in keys:
                     raise DatasetError(source, f"missing key (the file has: {', '.join(sorted(keys)) or 'no keys'})", key)
-            raw = {k: np.asarray(f[k][()]) for k in (*D4RL_REQUIRED, "timeouts", "next_observations") if k in keys}
+            raw = {k: _read_h5_array(f[k], k, source) for k in (*D4RL_REQUIRED, "timeouts", "next_observations") if k in keys}
             attrs = {k: _attr(v) for k, v in f.attrs.items()}
     except DatasetError:
         raise
     except Exception as exc:  # h5py raises OSError for non-HDF5 or truncated files
-        raise DatasetError(source, f"cannot read file as HDF5: {exc}") from None
+        raise DatasetError(source, f"cannot read file as HDF5: {_reason(exc)}") from None
 
+    raw = _checked_columns(raw, source)
     n = len(raw["rewards"])
-    obs = _as_2d(raw["observations"], "observations", source)
-    actions = _as_2d(raw["actions"], "actions", source)
-    for key, value in raw.items():
-        if len(value) != n:
-            raise DatasetError(source, f"length {len(value)} does not match rewards' length {n}", key)
-        check_finite(np.asarray(value, dtype=np.float64) if value.dtype.kind in "biu" else value, key, source)
     if n < 2:
         raise DatasetError(source, "needs at least 2 rows", "rewards")
-    terminals = raw["terminals"].astype(np.float32).reshape(-1)
-    rewards = raw["rewards"].astype(np.float32).reshape(-1)
+    obs, actions, rewards, terminals = raw["observations"], raw["actions"], raw["rewards"], raw["terminals"]
     if "timeouts" in raw:
-        timeouts = raw["timeouts"].astype(bool).reshape(-1)
+        timeouts = raw["timeouts"] > 0
     else:
         timeouts = final_rows_by_step_count(terminals, max_episode_steps)
     has_next = "next_observations" in raw
-    next_obs = _as_2d(raw["next_observations"], "next_observations", source) if has_next else np.roll(obs, -1, axis=0)
+    next_obs = raw["next_observations"] if has_next else np.roll(obs, -1, axis=0)
     if trajectories:
         dataset = _recorded_trajectories(obs, actions, rewards, next_obs, terminals, timeouts, has_next)
         dataset.metadata = _file_metadata(path, attrs, env_id, fmt="d4rl-hdf5")
@@ -229,6 +374,9 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
 
     keep = np.arange(n - 1)
     keep = keep[~timeouts[keep]]
+    if len(keep) == 0:
+        raise DatasetError(source, "no transitions left: qlearning_dataset's rows drop the last row and every "
+                           "time-out row, and that is every row of this file", "timeouts")
     # A kept row ends its episode when it is terminal, or when the next original row was a dropped
     # timeout row, or (with next_observations) when the next row does not continue from its s'.
     ends = terminals[keep] > 0
@@ -297,25 +445,61 @@ def _attr(value: Any) -> Any:
     return value
 
 
-def _as_2d(value: np.ndarray, name: str, source: str) -> np.ndarray:
-    if value.ndim == 1:
-        return value.reshape(-1, 1)
-    if value.ndim != 2:
-        raise DatasetError(source, f"expected shape [N, dim], got {value.shape}", name)
-    return value
+def _read_h5_array(node, name: str, source: str) -> np.ndarray:
+    import h5py
+
+    if not isinstance(node, h5py.Dataset):
+        raise DatasetError(source, f"expected an array, got an HDF5 {_h5_kind(node)}", name)
+    if node.shape is None:
+        raise DatasetError(source, "holds no data (an empty HDF5 dataset)", name)
+    try:
+        return np.asarray(node[()])
+    except Exception as exc:
+        raise DatasetError(source, f"cannot read array: {_reason(exc)}", name) from None
+
+
+def _checked_columns(raw: dict[str, np.ndarray], source: str) -> dict[str, np.ndarray]:
+    """The flat format's arrays (D4RL or offrl .npz), checked in this order so that the message names
+    the first real problem: numbers only (0/1 flags may be bool), shapes ([N, dim] or [N]), lengths equal
+    to rewards', next_observations' width equal to observations', finite values within float32, 0/1
+    flags. Returns them as float32 with [N, dim] / [N] shapes."""
+    for key, value in raw.items():
+        check_dtype(value, key, source, flags=key in FLAG_FIELDS)
+    shaped = {k: as_matrix(v, k, source) if k in MATRIX_FIELDS else as_column(v, k, source) for k, v in raw.items()}
+    n = len(shaped["rewards"])
+    for key, value in shaped.items():
+        if len(value) != n:
+            raise DatasetError(source, f"length {len(value)} does not match rewards' length {n}", key)
+    if "next_observations" in shaped and shaped["next_observations"].shape[1] != shaped["observations"].shape[1]:
+        raise DatasetError(source, f"width {shaped['next_observations'].shape[1]} != observations' width "
+                           f"{shaped['observations'].shape[1]}", "next_observations")
+    return {k: to_float32(v, k, source, flags=k in FLAG_FIELDS) for k, v in shaped.items()}
 
 
 def _file_metadata(path: Path, attrs: dict, env_id: str | None, fmt: str) -> dict:
     """Env id and reference scores from the file's attributes, else from its name (D4RL table)."""
+    source = str(path)
+    if attrs.get("env_id") is not None and not isinstance(attrs["env_id"], str):
+        raise DatasetError(source, f"expected an env id string, got {attrs['env_id']!r}", "env_id")
+    spec = attrs.get("env_spec")
+    if spec is not None:
+        try:
+            parsed = json.loads(spec) if isinstance(spec, str) else spec
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise DatasetError(source, "expected a Gymnasium EnvSpec as a JSON object (EnvSpec.to_json()), got "
+                               f"{str(spec)[:60]!r}", "env_spec")
     metadata = {
         "name": path.stem,
         "source": f"{fmt}:{path}",
         "env_id": env_id or attrs.get("env_id"),
-        "env_spec": attrs.get("env_spec"),
-        "ref_min_score": _float_or_none(attrs.get("ref_min_score")),
-        "ref_max_score": _float_or_none(attrs.get("ref_max_score")),
+        "env_spec": spec,
+        "ref_min_score": _reference_score(attrs.get("ref_min_score"), "ref_min_score", source),
+        "ref_max_score": _reference_score(attrs.get("ref_max_score"), "ref_max_score", source),
         "ref_source": "file attributes" if attrs.get("ref_max_score") is not None else None,
     }
+    _check_reference_order(metadata, source)
     d4rl_env = scores.d4rl_env_from_name(path.stem) or scores.d4rl_env_from_name(str(metadata["env_id"] or ""))
     if d4rl_env is not None:
         metadata["d4rl_env"] = d4rl_env  # a D4RL locomotion file: published settings (e.g. DT's targets) apply
@@ -335,35 +519,39 @@ def load_npz(path: Path) -> Dataset:
     timeout rows and where s' does not continue into the next row's s)."""
     source = str(path)
     try:
-        with np.load(path, allow_pickle=False) as f:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        if "pickle" in str(exc):  # numpy refuses a pickle file when allow_pickle=False
+            raise DatasetError(source, "cannot read file as .npz: it is a pickle, and offrl never unpickles data files "
+                               "(unpickling can run code); save the arrays with np.savez") from None
+        raise DatasetError(source, f"cannot read file as .npz: {_reason(exc)}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DatasetError(source, "cannot read file as .npz: it holds a single .npy array, not an archive of named "
+                           "arrays (np.savez)")
+    try:
+        with archive as f:
             keys = set(f.files)
             for key in ARRAY_FIELDS:
                 if key not in keys:
                     raise DatasetError(source, f"missing key (the file has: {', '.join(sorted(keys)) or 'no keys'})", key)
-            raw = {k: f[k] for k in keys}
+            # only the keys offrl reads: others are ignored, never loaded (nor unpickled)
+            raw = {k: _read_npz_array(f, k, source) for k in (*ARRAY_FIELDS, "episode_starts", "metadata_json")
+                   if k in keys}
     except DatasetError:
         raise
     except Exception as exc:
-        raise DatasetError(source, f"cannot read file as .npz: {exc}") from None
-    arrays = {}
-    for key in ARRAY_FIELDS:
-        value = raw[key]
-        if key in ("observations", "actions", "next_observations"):
-            value = _as_2d(value, key, source)
-        else:
-            value = value.reshape(-1) if value.ndim == 2 and value.shape[1] == 1 else value
-        if value.dtype.kind not in "fbiu":
-            raise DatasetError(source, f"expected numbers, got dtype {value.dtype}", key)
-        arrays[key] = value.astype(np.float32)
-    metadata = json.loads(str(raw["metadata_json"])) if "metadata_json" in raw else {}
+        raise DatasetError(source, f"cannot read file as .npz: {_reason(exc)}") from None
+    arrays = _checked_columns({k: raw[k] for k in ARRAY_FIELDS}, source)
+    if len(arrays["rewards"]) == 0:
+        raise DatasetError(source, "the dataset has no transitions", "rewards")
+    metadata = _npz_metadata(raw.get("metadata_json"), source)
     dataset = Dataset(**arrays, episode_starts=np.zeros(1, np.int64), metadata=metadata)
-    n = len(dataset.rewards)
-    for key in ARRAY_FIELDS:
-        if len(arrays[key]) != n:
-            raise DatasetError(source, f"length {len(arrays[key])} does not match rewards' length {n}", key)
-        check_finite(arrays[key], key, source)
     if "episode_starts" in raw:
-        dataset.episode_starts = raw["episode_starts"].astype(np.int64).reshape(-1)
+        starts = raw["episode_starts"]
+        if starts.dtype.kind not in "iu" or starts.ndim != 1:
+            raise DatasetError(source, f"episode starts must be a 1-dimensional array of integers, got {describe(starts)}",
+                               "episode_starts")
+        dataset.episode_starts = starts.astype(np.int64)
     else:
         dataset.episode_starts = episode_starts_from_flags(dataset.terminals, dataset.timeouts,
                                                            dataset.observations, dataset.next_observations)
@@ -371,7 +559,41 @@ def load_npz(path: Path) -> Dataset:
     file_meta = _file_metadata(path, metadata, None, fmt="npz")
     dataset.metadata = {**metadata, **{k: v for k, v in file_meta.items() if metadata.get(k) is None}}
     dataset.metadata["source"] = file_meta["source"]
+    for key in ("ref_min_score", "ref_max_score"):
+        dataset.metadata[key] = file_meta[key]  # checked numbers
     return dataset.validate(source)
+
+
+def _read_npz_array(archive, name: str, source: str) -> np.ndarray:
+    """One member of an .npz archive, loaded without unpickling (allow_pickle=False)."""
+    try:
+        value = archive[name]
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DatasetError(source, "holds a pickled object array (dtype object), which offrl refuses to load: "
+                               "unpickling can run code; save plain numeric arrays", name) from None
+        raise DatasetError(source, f"cannot read array: {_reason(exc)}", name) from None
+    except Exception as exc:
+        raise DatasetError(source, f"cannot read array: {_reason(exc)}", name) from None
+    if not isinstance(value, np.ndarray):  # numpy returns a member that is not an .npy file as raw bytes
+        raise DatasetError(source, "cannot read array: the archive member is not an .npy array", name)
+    return value
+
+
+def _npz_metadata(value: np.ndarray | None, source: str) -> dict:
+    """`metadata_json`: a 0-d string array holding a JSON object."""
+    if value is None:
+        return {}
+    if value.ndim != 0 or value.dtype.kind not in "US":
+        raise DatasetError(source, f"expected a JSON object in a 0-d string array, got {describe(value)}", "metadata_json")
+    text = value.item()
+    try:
+        metadata = json.loads(text.decode() if isinstance(text, bytes) else text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetError(source, f"not valid JSON: {exc}", "metadata_json") from None
+    if not isinstance(metadata, dict):
+        raise DatasetError(source, f"expected a JSON object, got a JSON {type(metadata).__name__}", "metadata_json")
+    return metadata
 
 
 def sanitize(name: str) -> str:
