@@ -12,7 +12,8 @@ the critic's target and measures how much the ensemble's members disagree about 
 
 Defaults (FACTS.md section 10, the official `configs/gym/*.py` and OfflineRL-Kit's `mobile.py`): SAC 2 x 256
 with 2 critics, actor lr 1e-4 decayed to 0 by a cosine over the run, critic lr 3e-4, alpha lr 1e-4 from
-alpha 0.2, batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
+alpha 1 when tuned (the official `train.py` starts log alpha at 0; its config's alpha 0.2 is the fixed
+value where tuning is off, and FACTS.md's "alpha init 0.2" is read from that config), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
 steps kept for 5 rounds, 3M steps; (h, beta) and the other per-task settings from the official table
 (hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2). Other data: h 5, beta 1.0, alpha tuned.
 
@@ -55,8 +56,9 @@ class Config(ModelBasedConfig):
     """M: next states sampled per elite for the penalty."""
     tune_alpha: Optional[bool] = None
     """Tune the entropy temperature (default: the dataset's entry, else yes); otherwise keep init_alpha."""
-    init_alpha: float = 0.2
-    """Initial (or fixed) entropy temperature."""
+    init_alpha: Optional[float] = None
+    """Initial (or fixed) entropy temperature (default: 1.0 when tuned, as the official code starts log alpha
+    at 0; 0.2 when fixed, the official configs' alpha)."""
     num_critics: int = 2
     """Q ensemble size."""
     deterministic_backup: bool = True
@@ -74,8 +76,9 @@ class MOBILE(SACAgent):
                  penalty_coef: float = 1.0, tune_alpha: bool = True, generator: torch.Generator | None = None):
         self.cfg, self.model, self.penalty_coef, self.tune_alpha = cfg, model, penalty_coef, tune_alpha
         self.generator = generator
+        init_alpha = cfg.init_alpha if cfg.init_alpha is not None else (1.0 if tune_alpha else 0.2)
         super().__init__(data.obs_dim, data.act_dim, data.action_low, data.action_high, device, cfg.hidden,
-                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, gamma=cfg.gamma, tau=cfg.tau,
+                         cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, init_alpha, gamma=cfg.gamma, tau=cfg.tau,
                          num_critics=cfg.num_critics)
         self.actor_schedule = torch.optim.lr_scheduler.LambdaLR(self.actor_opt, cosine_decay(cfg.steps))
 

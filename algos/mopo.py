@@ -21,8 +21,11 @@ ratio 0.05, rollouts of 50k states every 1000 steps kept for 5 rounds, 3M steps.
 dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), also used for the offrl suite's
 datasets of the same env and level; on any other data h = 5, lambda = 1.0 unless given.
 
-Deviations: the official code is TensorFlow (MBPO-based); this follows OfflineRL-Kit's PyTorch port.
-The penalty takes the max over all members, as both do. Checkpoints hold the model buffer, so a
+Deviations: the official code is TensorFlow (MBPO-based); this follows OfflineRL-Kit's PyTorch port
+for losses and defaults, except two additions of that port that the official code does not have: a
+cosine decay of the actor's learning rate over 3000 epochs and alpha clamped to at most 1 (both left
+out here, as in the official code). The official code's target entropy is -3, OfflineRL-Kit's and
+this one's -|A| (the same on Hopper). The penalty takes the max over all members, as both do. Checkpoints hold the model buffer, so a
 resumed run continues exactly (they are correspondingly large: 50k x 5 x 5 rows by default).
 """
 

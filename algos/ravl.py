@@ -21,8 +21,13 @@ eta 1, rollout length 5 from 50k states per 1000 steps kept for 5 rounds, batch 
 tunes N, eta and h per task; those values are not in the code, so every dataset gets these defaults.
 
 Deviations: the actor's mean and log-std come from one output layer (two in the official code; the same
-function class and init range); the dynamics model is `world_models.ensemble` (the official one is the
-same MBPO ensemble, trained with a learning-rate decay on plateaus and at least 350 epochs).
+function class and init range). The dynamics model is `world_models.ensemble`, OfflineRL-Kit's training
+of the same MBPO ensemble; the official RAVL code trains it otherwise: a 20% holdout without the cap of
+1000, at least 350 and at most 2000 epochs with the learning rate cut by 0.3 at the first plateau before
+350, separate state and action scalers (state statistics from all next observations, holdout included)
+with inputs clipped to +-10, members reshuffled over the bootstrap samples every epoch, and weights
+initialized from a normal truncated at 2 std. Batches and rollout starts are drawn with replacement
+(the official buffer draws without).
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ warning naming it, since rollouts would then run through states the real env wou
 
 Observations carry qpos without x (and y for Ant) followed by qvel, which v5 clips to [-10, 10] in
 Hopper and Walker2d; the env's state check uses unclipped velocities, so a velocity beyond 10 (far
-inside the +-100 range) decides nothing here. Deviation from OfflineRL-Kit's functions: those use
-hard-coded v2 ranges (and end HalfCheetah rollouts at |obs| >= 100, which the env never does).
+inside the +-100 range) decides nothing here. Deviation from OfflineRL-Kit's functions (and MOBILE's
+copy of them): those use hard-coded v2 ranges, end HalfCheetah rollouts and Walker2d rollouts at any
+|obs| >= 100, which the envs never do, and check Hopper's state range as `np.abs(obs < 100)`, which
+tests only the upper bound. RAVL's functions are the env's rules, as here.
 """
 
 from __future__ import annotations
