@@ -17,16 +17,32 @@ Actor (SAC with auto-entropy, target -|A|): mean (alpha_ent * log pi(a~|s) - min
 `bc_steps` steps mean (alpha_ent * log pi(a~|s) - log pi(a_D|s)) (official BC warm start).
 Targets: Polyak tau every step.
 
+Cal-QL (`--calql`; Nakamoto et al., NeurIPS 2023, "Cal-QL: Calibrated Offline RL Pre-Training for Efficient
+Online Fine-Tuning"): the Q-values of the policy's actions in X are bounded below by the Monte-Carlo
+return-to-go of the dataset's trajectory through s,
+    Q_i(s, a_k) -> max(Q_i(s, a_k), V_mu(s)),  Q_i(s, a'_k) -> max(Q_i(s, a'_k), V_mu(s)),
+    V_mu(s_t) = sum_{t' >= t} gamma^(t' - t) r_t'  (to the end of its episode, after reward preprocessing),
+so the penalty stops pushing them below what the behaviour policy earned; the uniform actions are not
+bounded (the reference's `calql_bound_random_actions=False`). The bound is applied before the importance
+weights are subtracted, as in github.com/nakamotoo/Cal-QL (`conservative_sac.py`) and WSRL's `cql.py`.
+
 Defaults (FACTS.md sections 4 and 17): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4,
 policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, raw
 (unnormalized) states, as the official README's recommended command and OfflineRL-Kit, neither of which
 normalizes states. CORL differs in three places, each one flag away: `--cql-alpha 10 --actor-lr 3e-5
---data.normalize-states` (std + 1e-3). `--num-critics 10 --layer-norm` is WSRL's pre-training setup.
+--data.normalize-states` (std + 1e-3). WSRL's locomotion pre-training (FACTS.md section 14, `--use_redq`) is
+`--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
+(250k steps); algos/wsrl.py fine-tunes its checkpoint. With `--critic-subsample k` the target's min and the
+conservative penalty each use k critics drawn at random every step (with replacement, as WSRL draws them), the
+penalty of a drawn critic weighted E/k so each critic's expected weight is cql_alpha; the TD term trains all E.
 
 Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,
 uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are both computed
 with the networks as they were before the step (as rlkit does); the uniform proposal's density
-uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1].
+uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. Cal-QL: the reference's
+return-to-go of an all-negative sparse-reward trajectory (AntMaze: r / (1 - gamma)) is not implemented: every
+trajectory's return-to-go is its discounted sum. WSRL's networks end in a layer initialized with scale 1e-2;
+offrl's use PyTorch's default initialization.
 """
 
 from __future__ import annotations
@@ -35,11 +51,14 @@ import copy
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from offrl.checkpoint import Stateful
 from offrl.config import TrainConfig
-from offrl.data import Batch, TrainingData, load_for_training
+from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
+from offrl.losses import subsampled_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 from offrl.run import Run, cli_main
 
@@ -58,6 +77,13 @@ class Config(TrainConfig):
     """Q ensemble size (WSRL pre-trains with 10)."""
     layer_norm: bool = False
     """LayerNorm in the critics' hidden layers (WSRL)."""
+    actor_layer_norm: bool = False
+    """LayerNorm in the policy's hidden layers (WSRL)."""
+    critic_subsample: int | None = None
+    """Take the target's min, and apply the penalty, over this many critics drawn at random each step (REDQ;
+    WSRL pre-trains with 2 of 10); default: all critics."""
+    calql: bool = False
+    """Cal-QL: bound the policy actions' Q-values in the penalty below by the dataset's Monte-Carlo return-to-go."""
     gamma: float = 0.99
     """Discount."""
     tau: float = 5e-3
@@ -84,6 +110,38 @@ class Config(TrainConfig):
     """Target entropy (default -action_dim)."""
 
 
+def mc_returns(dataset: Dataset, gamma: float) -> np.ndarray:
+    """Per row, its episode's discounted return from that row on: G_t = r_t + gamma * G_{t+1}, with G = 0
+    after an episode's last row, terminal or cut (Cal-QL's `calc_return_to_go`, finite horizon)."""
+    rewards, out = dataset.rewards.astype(np.float64).tolist(), [0.0] * len(dataset)
+    for start, end in zip(dataset.episode_starts.tolist(), dataset.episode_ends().tolist()):
+        ret = 0.0
+        for i in range(end - 1, start - 1, -1):
+            ret = rewards[i] + gamma * ret
+            out[i] = ret
+    return np.asarray(out, dtype=np.float32)
+
+
+def calql_bound(q_policy: torch.Tensor, lower_bound: torch.Tensor) -> torch.Tensor:
+    """Cal-QL: max(Q(s, a), V_mu(s)) for policy-action Q-values q_policy [E, B, N] and lower_bound [B]
+    (the Monte-Carlo return-to-go of s); the gradient reaches Q only where Q is above the bound."""
+    return torch.maximum(q_policy, lower_bound[:, None])
+
+
+def sample_rows(buffer: ReplayBuffer, batch_size: int,
+                values: torch.Tensor | None) -> tuple[Batch, torch.Tensor | None]:
+    """`buffer.sample(batch_size)`, the same draw, and the same rows of a per-transition tensor `values`
+    (Cal-QL's return-to-go), or None when there is none."""
+    if values is None:
+        return buffer.sample(batch_size), None
+    if buffer.cdf is None:  # the index ReplayBuffer.sample draws, with its generator
+        index = torch.randint(buffer.size, (batch_size,), device=buffer.device, generator=buffer.generator)
+    else:
+        u = torch.rand(batch_size, dtype=torch.float64, device=buffer.device, generator=buffer.generator)
+        index = torch.searchsorted(buffer.cdf, u, right=True).clamp_(max=buffer.size - 1)
+    return buffer.gather(index), values[index]
+
+
 def cql_gap(q_data: torch.Tensor, q_uniform: torch.Tensor, q_pi: torch.Tensor, q_next_pi: torch.Tensor,
             log_uniform: float, log_pi: torch.Tensor, log_next_pi: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """CQL(H) importance-sampled gap per critic: mean_s T*logsumexp(X/T) - mean_D Q.
@@ -103,7 +161,8 @@ class CQL(Stateful):
         self.cfg = cfg
         obs_dim, act_dim = data.obs_dim, data.act_dim
         self.normalizer = data.preprocessing.state_normalizer(device)
-        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
+        self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden,
+                                       layer_norm=cfg.actor_layer_norm).to(device)
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
@@ -121,21 +180,24 @@ class CQL(Stateful):
         self.updates = 0
         self._critic_loss = torch.compile(self.critic_loss) if cfg.run.compile else self.critic_loss
 
-    def critic_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def critic_loss(self, batch: Batch,
+                    lower_bound: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`lower_bound` [B]: Cal-QL's Monte-Carlo return-to-go of the batch's states (None: CQL)."""
         cfg, (B, obs_dim), n = self.cfg, batch.observations.shape, self.cfg.n_actions
+        k = cfg.critic_subsample
         alpha = self.log_alpha.detach().exp()
         obs_rep = batch.observations.repeat_interleave(n, dim=0)  # [B*N, obs]
         next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
         with torch.no_grad():
             if cfg.max_target_backup:
                 next_actions, next_log_prob = self.actor(next_obs_rep)
-                next_q = self.critic_target(next_obs_rep, next_actions).min(dim=0).values.view(B, n)
+                next_q = subsampled_min(self.critic_target(next_obs_rep, next_actions), k).view(B, n)
                 best = next_q.argmax(dim=1, keepdim=True)
                 next_q = next_q.gather(1, best).squeeze(1)
                 next_log_prob = next_log_prob.view(B, n).gather(1, best).squeeze(1)
             else:
                 next_actions, next_log_prob = self.actor(batch.next_observations)
-                next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
+                next_q = subsampled_min(self.critic_target(batch.next_observations, next_actions), k)
             if not cfg.deterministic_backup:
                 next_q = next_q - alpha * next_log_prob
             target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q
@@ -149,18 +211,28 @@ class CQL(Stateful):
         q_data = q_all[:, :B]
         q_uniform, q_pi, q_next_pi = q_all[:, B:].reshape(q_all.shape[0], 3, B, n).unbind(dim=1)
         td_loss = ((q_data - target) ** 2).mean(dim=1)
+        extra = {"q_pi": q_pi.detach().mean()}
+        if lower_bound is not None:
+            below = torch.cat([q_pi, q_next_pi], dim=-1).detach() < lower_bound[:, None]
+            extra["calql_bound_rate"] = below.float().mean()
+            q_pi, q_next_pi = calql_bound(q_pi, lower_bound), calql_bound(q_next_pi, lower_bound)
         gap = cql_gap(q_data, q_uniform, q_pi, q_next_pi, self.log_uniform, log_pi.view(B, n),
                       log_next_pi.view(B, n), cfg.temperature)
         if cfg.lagrange:
             multiplier = self.log_lagrange.exp().clamp(0.0, 1e6)
             penalty = multiplier.detach() * cfg.cql_alpha * (gap - cfg.target_gap)
-            lagrange_loss = -0.5 * (multiplier * cfg.cql_alpha * (gap.detach() - cfg.target_gap)).sum()
+            lagrange_terms = multiplier * cfg.cql_alpha * (gap.detach() - cfg.target_gap)
         else:
             penalty = cfg.cql_alpha * gap
-            lagrange_loss = torch.zeros((), device=gap.device)
+            lagrange_terms = torch.zeros_like(gap)
+        if k is not None:  # the penalty of k critics drawn at random, each weighted E / k
+            E = gap.shape[0]
+            drawn = F.one_hot(torch.randint(E, (k,), device=gap.device), E).sum(0).to(gap.dtype) * (E / k)
+            penalty, lagrange_terms = penalty * drawn, lagrange_terms * drawn
+        lagrange_loss = -0.5 * lagrange_terms.sum() if cfg.lagrange else torch.zeros((), device=gap.device)
         loss = (td_loss + penalty).sum()
         return loss, {"critic_loss": loss.detach(), "td_loss": td_loss.detach().mean(), "cql_gap": gap.detach().mean(),
-                      "q_data": q_data.detach().mean(), "q_pi": q_pi.detach().mean(), "lagrange_loss": lagrange_loss}
+                      "q_data": q_data.detach().mean(), **extra, "lagrange_loss": lagrange_loss}
 
     def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         alpha = self.log_alpha.detach().exp()
@@ -173,13 +245,13 @@ class CQL(Stateful):
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         return loss, alpha_loss, {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
-    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def update(self, batch: Batch, lower_bound: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         actor_loss, alpha_loss, actor_metrics = self.actor_loss(batch)
         self.actor_opt.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=list(self.actor.parameters()))
         self.alpha_opt.zero_grad(set_to_none=True)
         alpha_loss.backward()
-        critic_loss, metrics = self._critic_loss(batch)
+        critic_loss, metrics = self._critic_loss(batch, lower_bound)
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward(inputs=list(self.critic.parameters()))
         if self.cfg.lagrange:
@@ -207,11 +279,13 @@ def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("cql", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
+    returns_to_go = torch.as_tensor(mc_returns(data.dataset, cfg.gamma), device=run.device) if cfg.calql else None
     agent = CQL(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
+        batch, lower_bound = sample_rows(buffer, cfg.batch_size, returns_to_go)
         with run.precision():
-            metrics = agent.update(buffer.sample(cfg.batch_size))
+            metrics = agent.update(batch, lower_bound)
         run.log(step, metrics)
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)

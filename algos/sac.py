@@ -19,24 +19,21 @@ Every `actor_every` env steps the actor's weights are written to `<run>/actors/a
 (format in `offrl.policies`): the dataset suite rolls out that sequence to rebuild medium-replay.
 Resume restores networks, optimizers, replay data and RNG state, and for a MuJoCo env the simulator's
 state, the episode in progress and the env's RNGs, so a resumed run ends with the same numbers as
-an uninterrupted one (CPU); other envs start a fresh episode seeded with seed + step (`EnvLoop`).
+an uninterrupted one (CPU); other envs start a fresh episode seeded with seed + step (`offrl.online.EnvLoop`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
-import mujoco
-import numpy as np
 import torch
 
 from offrl import policies
 from offrl.config import EvalConfig, RunConfig, RunConfigBase
 from offrl.data import ReplayBuffer, Spaces
-from offrl.errors import CheckpointError
+from offrl.online import EnvLoop
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 
@@ -90,68 +87,6 @@ class SAC(SACAgent):
 Agent = SAC
 
 
-class EnvLoop:
-    """The single training env and its episode bookkeeping, checkpointable. For a MuJoCo env the
-    checkpoint holds the simulator's whole integration state (`mj_getState`, warm start included),
-    the time-limit counter, the current observation and both RNGs (resets, random actions), so a
-    resumed run continues the interrupted episode exactly. Other envs, and checkpoints written
-    before offrl kept that state, start a new episode seeded by the step instead."""
-
-    def __init__(self, env_id: str, seed: int):
-        self.env = gym.make(env_id)
-        self.seed = seed
-        self.env.action_space.seed(seed)
-        self.obs, _ = self.env.reset(seed=seed)
-        self.episode_return, self.episode_length, self.episodes = 0.0, 0, 0
-        self.restored_exactly = False
-
-    def restart(self, step: int) -> None:
-        """After a resume without the env's state: the interrupted episode is lost; start a new one seeded by the step."""
-        self.env.action_space.seed(self.seed + step)
-        self.obs, _ = self.env.reset(seed=self.seed + step)
-        self.episode_return, self.episode_length = 0.0, 0
-
-    def _physics(self):
-        sim = self.env.unwrapped
-        if not (hasattr(sim, "model") and hasattr(sim, "data") and isinstance(getattr(sim, "model"), mujoco.MjModel)):
-            return None
-        return sim, mujoco.mjtState.mjSTATE_INTEGRATION
-
-    def state_dict(self) -> dict:
-        state = {"episodes": self.episodes}
-        physics = self._physics()
-        if physics is not None:
-            sim, spec = physics
-            values = np.empty(mujoco.mj_stateSize(sim.model, spec))
-            mujoco.mj_getState(sim.model, sim.data, values, spec)
-            state |= {"physics": torch.from_numpy(values), "obs": torch.from_numpy(np.array(self.obs, dtype=np.float64)),
-                      "episode_return": self.episode_return, "episode_length": self.episode_length,
-                      "elapsed_steps": int(self.env.get_wrapper_attr("_elapsed_steps") or 0),
-                      # PCG64 states are 128-bit integers: kept as JSON text for weights-only loading
-                      "reset_rng": json.dumps(sim.np_random.bit_generator.state),
-                      "action_rng": json.dumps(self.env.action_space.np_random.bit_generator.state)}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.episodes = int(state["episodes"])
-        physics = self._physics()
-        if "physics" not in state or physics is None:
-            return
-        sim, spec = physics
-        values = state["physics"].numpy()
-        if values.size != mujoco.mj_stateSize(sim.model, spec):
-            raise CheckpointError(f"the checkpoint's simulator state has {values.size} numbers, "
-                                  f"{self.env.spec.id if self.env.spec else 'this env'} needs {mujoco.mj_stateSize(sim.model, spec)}")
-        mujoco.mj_setState(sim.model, sim.data, values, spec)
-        mujoco.mj_forward(sim.model, sim.data)
-        self.env.set_wrapper_attr("_elapsed_steps", int(state["elapsed_steps"]))
-        sim.np_random.bit_generator.state = json.loads(state["reset_rng"])
-        self.env.action_space.np_random.bit_generator.state = json.loads(state["action_rng"])
-        self.obs = state["obs"].numpy().astype(self.env.observation_space.dtype)
-        self.episode_return, self.episode_length = float(state["episode_return"]), int(state["episode_length"])
-        self.restored_exactly = True
-
-
 def eval_metadata(cfg: Config) -> dict:
     """What the evaluator needs to make the env (no reference scores: returns only)."""
     return {"env_id": cfg.env_id, "name": cfg.env_id}
@@ -186,17 +121,9 @@ def train(cfg: Config) -> dict:
         else:
             obs_t = torch.as_tensor(loop.obs, dtype=torch.float32, device=run.device).unsqueeze(0)
             action = agent.explore(obs_t)[0].cpu().numpy()
-        next_obs, reward, terminated, truncated, _ = loop.env.step(action)
-        buffer.add(loop.obs[None], action[None], np.array([reward]), next_obs[None], np.array([float(terminated)]))
-        loop.obs = next_obs
-        loop.episode_return += float(reward)
-        loop.episode_length += 1
-        if terminated or truncated:
-            loop.episodes += 1
-            run.log_values(step, {"train/episode_return": loop.episode_return,
-                                  "train/episode_length": loop.episode_length, "train/episodes": loop.episodes})
-            loop.obs, _ = loop.env.reset()
-            loop.episode_return, loop.episode_length = 0.0, 0
+        finished = loop.step(action, buffer)
+        if finished is not None:
+            run.log_values(step, finished)
         if step > cfg.learning_starts:
             with run.precision():
                 metrics = agent.update(buffer.sample(cfg.batch_size))

@@ -21,7 +21,7 @@ import warnings
 
 from offrl.errors import OffrlError
 
-ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl")
+ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "wsrl")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,16 @@ def awr_weights(advantage: torch.Tensor, beta: float, max_weight: float = 100.0)
     return torch.exp(beta * advantage).clamp(max=max_weight)
 
 
+def subsampled_min(values: torch.Tensor, k: int | None) -> torch.Tensor:
+    """The min over dim 0 (the ensemble) of `k` members drawn at random with replacement (REDQ's target, drawn
+    as WSRL's `jax.random.randint`, so a draw can repeat a member; REDQ's own code draws without), or over
+    every member when k is None. The draw uses torch's global RNG on the values' device: no host sync."""
+    if k is None:
+        return values.min(dim=0).values
+    index = torch.randint(values.shape[0], (k,), device=values.device)
+    return values.index_select(0, index).min(dim=0).values
+
+
 def huber_loss(diff: torch.Tensor, delta: float) -> torch.Tensor:
     """RIQL's Huber: 0.5 u^2 / delta where |u| < delta, else |u| - 0.5 delta (elementwise).
 

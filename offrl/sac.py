@@ -1,4 +1,4 @@
-"""The soft actor-critic update that SAC (online) and the model-based algorithms (MOPO) share.
+"""The soft actor-critic update that SAC (online), WSRL and the model-based algorithms (MOPO) share.
 
 Critic (an ensemble of `num_critics` Q networks, MSE each, summed):
     a' ~ pi(.|s'),  y = r + gamma * (1 - d) * (min_i Q_targ_i(s', a') - alpha * log pi(a'|s'))
@@ -8,6 +8,11 @@ Actor (tanh-Gaussian, reparameterized):
 Temperature (automatic entropy tuning toward `target_entropy`, default -|A|):
     L_alpha = -mean log_alpha * (log pi(a~|s) + target_entropy)      (log-probs detached)
 then a Polyak update of the critics with tau.
+
+Options for WSRL (all off by default): `critic_subsample` k takes the target's min over k critics drawn
+at random (REDQ), `backup_entropy=False` leaves -alpha log pi out of y, `layer_norm` / `actor_layer_norm`
+put LayerNorm in the hidden layers. `critic_step` and `actor_step` are the two halves of `update`, so a
+high-UTD loop can take several critic steps per actor step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from offrl.checkpoint import Stateful
 from offrl.data import Batch
+from offrl.losses import subsampled_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 
 
@@ -31,10 +37,14 @@ class SACAgent(Stateful):
     def __init__(self, obs_dim: int, act_dim: int, action_low: np.ndarray, action_high: np.ndarray,
                  device: torch.device, hidden: Sequence[int] = (256, 256), actor_lr: float = 3e-4,
                  critic_lr: float = 3e-4, alpha_lr: float = 3e-4, init_alpha: float = 1.0, autotune: bool = True,
-                 target_entropy: float | None = None, gamma: float = 0.99, tau: float = 0.005, num_critics: int = 2):
+                 target_entropy: float | None = None, gamma: float = 0.99, tau: float = 0.005, num_critics: int = 2,
+                 layer_norm: bool = False, actor_layer_norm: bool = False, critic_subsample: int | None = None,
+                 backup_entropy: bool = True):
         self.gamma, self.tau, self.autotune = gamma, tau, autotune
-        self.actor = TanhGaussianActor(obs_dim, act_dim, action_low, action_high, hidden).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, num_critics, hidden).to(device)
+        self.critic_subsample, self.backup_entropy = critic_subsample, backup_entropy
+        self.actor = TanhGaussianActor(obs_dim, act_dim, action_low, action_high, hidden,
+                                       layer_norm=actor_layer_norm).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, num_critics, hidden, layer_norm=layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(init_alpha), device=device, requires_grad=autotune)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
@@ -44,17 +54,28 @@ class SACAgent(Stateful):
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {**self.critic_step(batch), **self.actor_step(batch)}
+
+    def critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step of the critics, then the Polyak update of their targets."""
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
             next_actions, next_log_prob = self.actor(batch.next_observations)
-            next_q = self.critic_target(batch.next_observations, next_actions).min(dim=0).values
-            target = batch.rewards + self.gamma * (1.0 - batch.terminals) * (next_q - alpha * next_log_prob)
+            next_q = subsampled_min(self.critic_target(batch.next_observations, next_actions), self.critic_subsample)
+            if self.backup_entropy:
+                next_q = next_q - alpha * next_log_prob
+            target = batch.rewards + self.gamma * (1.0 - batch.terminals) * next_q
         q = self.critic(batch.observations, batch.actions)
         critic_loss = ((q - target) ** 2).mean(dim=1).sum()
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_opt.step()
+        soft_update(self.critic_target, self.critic, self.tau)
+        return {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
 
+    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step of the actor against the min over all critics, and one of the temperature."""
+        alpha = self.log_alpha.detach().exp()
         actions, log_prob = self.actor(batch.observations)
         q_pi = self.critic(batch.observations, actions).min(dim=0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
@@ -62,15 +83,13 @@ class SACAgent(Stateful):
         actor_loss.backward(inputs=list(self.actor.parameters()))
         self.actor_opt.step()
 
-        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_mean": q.detach().mean(),
-                   "entropy": -log_prob.detach().mean(), "alpha": alpha}
+        metrics = {"actor_loss": actor_loss.detach(), "entropy": -log_prob.detach().mean(), "alpha": alpha}
         if self.autotune:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
             self.alpha_opt.zero_grad(set_to_none=True)
             alpha_loss.backward()
             self.alpha_opt.step()
             metrics["alpha_loss"] = alpha_loss.detach()
-        soft_update(self.critic_target, self.critic, self.tau)
         return metrics
 
     @torch.no_grad()

@@ -1,0 +1,313 @@
+"""WSRL (algos/wsrl.py), its baselines and plot, and Cal-QL pre-training (algos/cql.py --calql): the warm-up,
+the batches, the update count, Cal-QL's bound by hand, exact resume, and the command line on the tiny dataset."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from algos import wsrl
+from algos.cql import CQL, Config as CQLConfig, calql_bound, cql_gap, mc_returns, sample_rows
+from benchmarks import wsrl_plot
+from offrl import checkpoint as ckpt
+from offrl.config import DataConfig
+from offrl.data import Batch, ReplayBuffer, load_for_training
+from offrl.data.dataset import Dataset
+from offrl.errors import CheckpointError, OffrlError
+from offrl.losses import subsampled_min
+from offrl.sac import SACAgent
+
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
+
+QUIET = ["--eval.episodes", "2", "--log.wandb", "disabled", "--log.no-progress"]
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny, tmp_path_factory):
+    """A few dozen steps of Cal-QL pre-training with WSRL's ensemble (10 LayerNorm critics, subsample 2,
+    LayerNorm policy, max-target backup), through the command line."""
+    out = tmp_path_factory.mktemp("pretrain")
+    run_cli(PYTHON, "-m", "algos.cql", "--steps", "40", "--hidden", "32", "32", "--num-critics", "10",
+            "--critic-subsample", "2", "--layer-norm", "--actor-layer-norm", "--max-target-backup", "--calql",
+            "--n-actions", "2", "--batch-size", "64", "--eval.every", "0", "--log.every", "20", *QUIET,
+            "--run.out-dir", str(out))
+    (run_dir,) = out.glob("cql/*/*")
+    return run_dir
+
+
+def config(out, checkpoint, **changes):
+    cfg = wsrl.Config(dataset="offrl/tiny-v0", checkpoint=checkpoint and str(checkpoint), steps=160, warmup_steps=60,
+                      batch_size=32, hidden=(32, 32), buffer_size=1000)
+    cfg.eval.every, cfg.eval.episodes = 40, 2
+    cfg.log.every, cfg.log.wandb, cfg.log.progress = 20, "disabled", False
+    cfg.run.out_dir, cfg.run.checkpoint_every = str(out), 100_000
+    for name, value in changes.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def only_run(base):
+    (run_dir,) = base.glob("wsrl/*/*")
+    return run_dir
+
+
+def rows(run_dir):
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    else:
+        assert a == b, where
+
+
+def test_cli_pretrain_calql_then_finetune_and_reevaluate(pretrained, tmp_path):
+    pre_rows = [json.loads(line) for line in (pretrained / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["calql_bound_rate"] <= 1.0 for r in pre_rows if "critic_loss" in r)
+    result = run_cli("offrl", "train", "wsrl", "--checkpoint", str(pretrained), "--steps", "300", "--warmup-steps",
+                     "100", "--batch-size", "32", "--hidden", "32", "32", "--buffer-size", "1000", "--eval.every",
+                     "100", "--log.every", "50", *QUIET, "--run.out-dir", str(tmp_path))
+    assert "final normalized score" in result.stdout
+    run_dir = only_run(tmp_path)
+    final = json.loads((run_dir / "final.json").read_text())
+    assert final["pretrained"]["algo"] == "cql" and final["pretrained"]["step"] == 40
+    assert (final["learning_starts"], final["critic_updates"], final["actor_updates"]) == (100, 4 * 200, 200)
+    logged = rows(run_dir)
+    assert [r["step"] for r in logged if "eval/normalized_score" in r] == [0, 100, 200, 300]  # 0: the pre-trained
+    assert [r["step"] for r in logged if "critic_loss" in r] == [150, 200, 250, 300]  # none during the warm-up
+    assert any("train/episode_return" in r for r in logged)
+    objects = ckpt.load(run_dir / "checkpoints" / "last.pt")["objects"]
+    assert "offline_buffer" not in objects and objects["buffer"]["size"] == 300
+    assert_reevaluation_reproduces(run_dir)  # `offrl eval` rebuilds a wsrl run
+
+
+def test_warm_up_takes_no_gradient_step_and_acts_with_the_pretrained_policy(pretrained, tmp_path, monkeypatch):
+    cfg = config(tmp_path, pretrained, steps=100, warmup_steps=60)
+    saved = ckpt.load(pretrained / "checkpoints" / "last.pt")["objects"]["agent"]
+    reference = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
+    wsrl.load_pretrained(reference, str(pretrained), cfg)
+    explore, update = wsrl.WSRL.explore, wsrl.WSRL.update
+    actions, first_update = [], []
+
+    def recording_explore(self, obs):
+        before = torch.get_rng_state()
+        action = explore(self, obs)
+        after = torch.get_rng_state()
+        torch.set_rng_state(before)  # the pre-trained policy's action for the same noise
+        expected = explore(reference, obs)
+        torch.set_rng_state(after)
+        actions.append((self.critic_updates, action.clone(), expected))
+        return action
+
+    def recording_update(self, slices):
+        if not first_update:  # the networks and Adam states are still the pre-trained ones
+            first_update.append(len(actions))
+            for name in ("actor", "critic", "critic_target"):
+                assert_same(getattr(self, name).state_dict(), saved[name], name)
+            for name in ("actor_opt", "critic_opt", "alpha_opt"):
+                assert_same(getattr(self, name).state_dict()["state"], saved[name]["state"], name)
+            assert torch.equal(self.log_alpha, saved["log_alpha"])
+        return update(self, slices)
+
+    monkeypatch.setattr(wsrl.WSRL, "explore", recording_explore)
+    monkeypatch.setattr(wsrl.WSRL, "update", recording_update)
+    final = wsrl.train(cfg)
+    assert len(actions) == 100 and first_update == [61]  # first update after env step 61
+    assert all(updates == 0 and torch.equal(action, expected) for updates, action, expected in actions[:60])
+    assert not all(torch.equal(action, expected) for _, action, expected in actions[61:])  # fine-tuning changed it
+    # the update counter: UTD x env steps after the warm-up
+    objects = ckpt.load(only_run(tmp_path) / "checkpoints" / "last.pt")["objects"]
+    assert objects["agent"]["critic_updates"] == final["critic_updates"] == 4 * 40
+    assert objects["agent"]["actor_updates"] == 40
+    stored = objects["buffer"]["rows"][:, 4:5]  # InvertedPendulum: 4 observation numbers, then the action
+    assert torch.equal(stored, torch.cat([action for _, action, _ in actions]))
+
+
+def test_offline_ratio_zero_never_reads_offline_data():
+    online, offline = ReplayBuffer(2, 1, 100, seed=0), ReplayBuffer(2, 1, 100, seed=1)
+    online.add(np.zeros((100, 2)), np.zeros((100, 1)), np.ones(100), np.zeros((100, 2)), np.zeros(100))
+    offline.add(np.zeros((100, 2)), np.zeros((100, 1)), -np.ones(100), np.zeros((100, 2)), np.zeros(100))
+
+    class Untouchable:
+        def sample(self, n):
+            raise AssertionError("the offline buffer was read")
+
+    cfg = wsrl.Config(batch_size=32, utd=4, offline_ratio=0.0)
+    slices = wsrl.sample_slices(online, Untouchable(), cfg)
+    assert len(slices) == 4 and all(s.rewards.shape == (8,) and (s.rewards == 1).all() for s in slices)
+    cfg.offline_ratio = 0.5  # every critic slice half offline; the actor batch is their union
+    slices = wsrl.sample_slices(online, offline, cfg)
+    assert [int((s.rewards == -1).sum()) for s in slices] == [4, 4, 4, 4]
+    assert wsrl.concat(slices).rewards.shape == (32,)
+    # updates start after the warm-up, and no sooner than one batch's online rows exist (the reference's rule)
+    assert wsrl.learning_starts(wsrl.Config()) == 5000
+    assert wsrl.learning_starts(wsrl.Config(warmup_steps=0)) == 1024
+    assert wsrl.learning_starts(wsrl.Config(warmup_steps=0, offline_ratio=0.5)) == 512
+
+
+def test_a_resumed_finetuning_run_continues_the_same_curve(pretrained, tmp_path):
+    """Stopped during the warm-up and again during fine-tuning (with offline data retained, so both replay
+    buffers are restored), the run ends with the same metrics rows and state as one never stopped."""
+    straight = wsrl.train(config(tmp_path / "straight", pretrained, offline_ratio=0.5))
+    for steps, resume in ((40, None), (120, "latest"), (160, "latest")):
+        resumed = wsrl.train(config(tmp_path / "stopped", pretrained, offline_ratio=0.5, steps=steps, resume=resume))
+    a, b = only_run(tmp_path / "straight"), only_run(tmp_path / "stopped")
+    assert rows(a) == rows(b) and any("critic_loss" in r for r in rows(a))
+    assert ({k: v for k, v in straight.items() if k not in VOLATILE}
+            == {k: v for k, v in resumed.items() if k not in VOLATILE})
+    assert resumed["resumes"] == 2
+    first, second = (ckpt.load(d / "checkpoints" / "last.pt") for d in (a, b))
+    assert "offline_buffer" in first["objects"]
+    assert_same(first["objects"], second["objects"], "objects")
+
+
+def test_baselines_through_the_same_entry_point_and_their_plot(pretrained, tmp_path, monkeypatch):
+    explore = wsrl.WSRL.explore
+    calls = []
+    monkeypatch.setattr(wsrl.WSRL, "explore", lambda self, obs: calls.append(1) or explore(self, obs))
+    variants = {"WSRL": {}, "retain offline data 0.5": {"offline_ratio": 0.5}, "no warm-up": {"warmup_steps": 0},
+                "SAC from scratch": {"checkpoint": "none"}}
+    (tmp_path / "pre" / "0").mkdir(parents=True)  # a checkpoint file (not a folder), '{seed}' as a sweep names it
+    shutil.copy(pretrained / "checkpoints" / "last.pt", tmp_path / "pre" / "0" / "last.pt")
+    templated = str(tmp_path / "pre" / "{seed}" / "last.pt")
+    for name, changes in variants.items():
+        calls.clear()
+        changes = {"steps": 80, "warmup_steps": 40, **changes}
+        checkpoint = changes.pop("checkpoint", templated)
+        final = wsrl.train(config(tmp_path / "runs" / name, checkpoint, **changes))
+        starts = 32 if name == "no warm-up" else 40  # no warm-up: as soon as one batch's online rows exist
+        assert final["critic_updates"] == 4 * (80 - starts), name
+        assert (final["pretrained"] is None) == (name == "SAC from scratch")
+        # from scratch: uniform-random warm-up actions, the policy's afterwards
+        assert len(calls) == (40 if name == "SAC from scratch" else 80), name
+    data = wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "curves.png"), "--title", "tiny"])
+    curves = data["offrl/tiny-v0"]
+    assert set(curves) == set(variants)
+    assert all(c["steps"] == [0, 40, 80] and c["seeds"] == [1, 1, 1] for c in curves.values())
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "curves.json").read_text()) == data
+    labelled = wsrl_plot.main([f"mine={tmp_path / 'runs' / 'WSRL'}", "--out", str(tmp_path / "one.png")])
+    assert list(labelled["offrl/tiny-v0"]) == ["mine"]
+
+
+def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tmp_path):
+    with pytest.raises(OffrlError, match="needs --checkpoint"):
+        wsrl.train(config(tmp_path, None))
+    with pytest.raises(OffrlError, match="multiple of --utd"):
+        wsrl.train(config(tmp_path, pretrained, batch_size=30))
+    with pytest.raises(OffrlError, match="at least one offline row in each critic slice of 8"):
+        wsrl.train(config(tmp_path, pretrained, offline_ratio=0.1))
+    with pytest.raises(OffrlError, match="raw states"):
+        wsrl.train(config(tmp_path, pretrained, data=DataConfig(normalize_states=True)))
+    cfg = config(tmp_path, pretrained, hidden=(16, 16))
+    agent = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
+    with pytest.raises(CheckpointError, match=r"its actor does not fit.*'hidden': \[32, 32\], 'num_critics': 10"):
+        wsrl.load_pretrained(agent, str(pretrained), cfg)
+    saved = json.loads(ckpt.load(pretrained / "checkpoints" / "last.pt")["config"])
+    with pytest.raises(CheckpointError, match="pre-trained on offrl/tiny-v0"):
+        wsrl.check_pretraining(saved, config(tmp_path, pretrained, dataset="other"), None, "x")
+    cfg = config(tmp_path, pretrained)
+    cfg.data.reward_scale = 2.0
+    with pytest.raises(CheckpointError, match="reward-scale 1.0, this run has 2.0"):
+        wsrl.check_pretraining(saved, cfg, None, "x")
+    with pytest.raises(CheckpointError, match="normalize-states"):
+        wsrl.check_pretraining({**saved, "data": {"normalize_states": True}}, config(tmp_path, pretrained), None, "x")
+    with pytest.raises(CheckpointError, match="trained in Hopper-v5"):
+        wsrl.check_pretraining({"env_id": "Hopper-v5"}, config(tmp_path, pretrained), "InvertedPendulum-v5", "x")
+
+
+def test_calql_bound_by_hand():
+    # two episodes: rewards 1, 2, 3 (cut by a time limit) and 4, 5 (terminal); gamma 0.5
+    n = 5
+    data = Dataset(np.zeros((n, 1), np.float32), np.zeros((n, 1), np.float32), np.array([1, 2, 3, 4, 5], np.float32),
+                   np.zeros((n, 1), np.float32), np.array([0, 0, 0, 0, 1], np.float32),
+                   np.array([0, 0, 1, 0, 0], np.float32), np.array([0, 3]))
+    np.testing.assert_allclose(mc_returns(data, 0.5), [1 + 0.5 * (2 + 0.5 * 3), 2 + 0.5 * 3, 3, 4 + 0.5 * 5, 5])
+    # max(Q, V) per state, for every critic and sampled action; the gradient reaches Q only above the bound
+    q = torch.tensor([[[0.0, 5.0], [3.0, 1.0]]], requires_grad=True)  # [E=1, B=2, N=2]
+    bounded = calql_bound(q, torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(bounded, torch.tensor([[[1.0, 5.0], [3.0, 2.0]]]))
+    bounded.sum().backward()
+    torch.testing.assert_close(q.grad, torch.tensor([[[0.0, 1.0], [1.0, 0.0]]]))
+    # the case of test_cql_gap_by_hand with V(s) = 1: Q(s, a'~pi(s')) = 0 is lifted to 1 before -log pi(a'|s')
+    q_data, q_uniform = torch.tensor([[0.5]]), torch.tensor([[[1.0]]])
+    q_pi, q_next = torch.tensor([[[2.0]]]), torch.tensor([[[0.0]]])
+    v = torch.tensor([1.0])
+    gap = cql_gap(q_data, q_uniform, calql_bound(q_pi, v), calql_bound(q_next, v), math.log(0.5),
+                  torch.tensor([[-1.0]]), torch.tensor([[0.5]]))
+    expected = math.log(math.exp(1 - math.log(0.5)) + math.exp(2 + 1) + math.exp(1 - 0.5)) - 0.5
+    assert gap.item() == pytest.approx(expected)
+
+
+def test_calql_in_the_cql_critic_loss(tiny):
+    cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, calql=True, num_critics=4, critic_subsample=2)
+    data = load_for_training(tiny, cfg.data)
+    agent = CQL(cfg, data, torch.device("cpu"))
+    buffer = data.buffer("cpu", seed=0)
+    returns = torch.as_tensor(mc_returns(data.dataset, cfg.gamma))
+    batch, bound = sample_rows(buffer, 32, returns)
+    assert_same(batch._asdict(), data.buffer("cpu", seed=0).sample(32)._asdict())  # the draw buffer.sample makes
+    _, index = sample_rows(data.buffer("cpu", seed=0), 32, torch.arange(len(returns)))
+    assert torch.equal(bound, returns[index]) and (bound > 0).all()  # the rows' own returns (tiny's rewards are > 0)
+    losses = {}
+    for name, lower in (("none", None), ("below", torch.full((32,), -1e6)), ("above", torch.full((32,), 1e6))):
+        torch.manual_seed(0)
+        losses[name] = agent.critic_loss(batch, lower)
+    assert losses["below"][0].item() == pytest.approx(losses["none"][0].item())  # a bound below every Q: plain CQL
+    assert losses["below"][1]["calql_bound_rate"].item() == 0.0 and losses["above"][1]["calql_bound_rate"].item() == 1.0
+    assert losses["above"][1]["cql_gap"].item() > 1e5
+    metrics = agent.update(batch, bound)
+    assert torch.isfinite(metrics["critic_loss"]) and 0 <= metrics["calql_bound_rate"].item() <= 1
+
+
+def test_subsampled_target_without_entropy_backup():
+    """SACAgent's WSRL options: y = r + gamma (1 - d) min over 2 critics drawn at random, no -alpha log pi."""
+    values = torch.arange(12.0).view(4, 3).flip(0)  # member i's values are 9 - 3 i, ..
+    torch.testing.assert_close(subsampled_min(values, None), values.min(dim=0).values)
+    torch.manual_seed(1)
+    drawn = torch.randint(4, (2,))
+    torch.manual_seed(1)
+    torch.testing.assert_close(subsampled_min(values, 2), values[drawn].min(dim=0).values)
+    assert any(torch.equal(subsampled_min(values, 1), member) for member in values)
+
+    torch.manual_seed(0)
+    agent = SACAgent(3, 1, np.array([-1.0]), np.array([1.0]), torch.device("cpu"), hidden=(8,), num_critics=5,
+                     layer_norm=True, actor_layer_norm=True, critic_subsample=2, backup_entropy=False, gamma=0.9)
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in agent.actor.modules())
+    batch = Batch(torch.randn(6, 3), torch.rand(6, 1) * 2 - 1, torch.randn(6), torch.randn(6, 3),
+                  torch.tensor([0.0, 1, 0, 0, 0, 0]))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        next_actions, _ = agent.actor(batch.next_observations)
+        index = torch.randint(5, (2,))
+        next_q = agent.critic_target(batch.next_observations, next_actions)[index].min(0).values
+        target = batch.rewards + 0.9 * (1 - batch.terminals) * next_q
+        expected = ((agent.critic(batch.observations, batch.actions) - target) ** 2).mean(dim=1).sum()
+    torch.manual_seed(7)
+    torch.testing.assert_close(agent.critic_step(batch)["critic_loss"], expected)
+
+
+def test_online_rewards_get_the_datasets_transform():
+    """EnvLoop.step stores r * scale + bias (as the pre-training data was transformed) and logs raw returns."""
+    from offrl.online import EnvLoop
+
+    loop, buffer = EnvLoop("InvertedPendulum-v5", seed=0), ReplayBuffer(4, 1, 100, seed=0)
+    finished = None
+    while finished is None:
+        finished = loop.step(np.zeros(1, np.float32) + 3.0, buffer, reward_scale=2.0, reward_bias=-1.0)  # falls over
+    n = finished["train/episode_length"]
+    # InvertedPendulum-v5 pays 1 per step and 0 for the step that ends it: raw return n - 1, stored 2 r - 1
+    assert buffer.size == n and finished["train/episode_return"] == n - 1
+    assert buffer.storage[:n, 5].tolist() == [1.0] * (n - 1) + [-1.0]
+    assert buffer.storage[n - 1, -1] == 1.0 and loop.episode_length == 0  # terminal stored, a new episode begun
+    loop.env.close()
