@@ -316,3 +316,20 @@ def test_buffer_ring_overwrites_oldest():
                    np.zeros((n, 1)), np.zeros(n))
     assert len(buffer) == 4
     assert sorted(buffer.storage[:, 0].tolist()) == [2, 3, 4, 5]
+
+
+def test_a_full_ring_restored_into_a_larger_buffer_keeps_its_order():
+    """SAC sizes its buffer by --steps; a run resumed with more steps restores a full, wrapped ring into a
+    larger buffer: the next write must land after the newest row, not over the oldest."""
+    def add(buffer, values):
+        n = len(values)
+        buffer.add(np.array(values)[:, None], np.zeros((n, 1)), np.array(values), np.zeros((n, 1)), np.zeros(n))
+
+    small = ReplayBuffer(obs_dim=1, act_dim=1, capacity=4)
+    add(small, [0, 1, 2, 3, 4, 5])  # wrapped: rows hold 4 5 2 3, the next write would go to row 2
+    large = ReplayBuffer(obs_dim=1, act_dim=1, capacity=8)
+    large.load_state_dict(small.state_dict())
+    add(large, [6, 7])
+    assert len(large) == 6 and large.storage[:6, 0].tolist() == [2, 3, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="more than this buffer's capacity"):
+        ReplayBuffer(obs_dim=1, act_dim=1, capacity=2).load_state_dict(small.state_dict())

@@ -193,6 +193,8 @@ ALGORITHM_ARGS = {
     "bc": [], "td3_bc": ["--hidden", "32", "32"], "iql": [], "cql": ["--hidden", "32", "32"], "riql": [],
     "dt": ["--embed-dim", "32", "--layers", "1", "--heads", "1", "--batch-size", "16"], "rcsl": [],
     "sac": ["--env-id", "InvertedPendulum-v5", "--learning-starts", "10", "--actor-every", "0", "--hidden", "32", "32"],
+    "wsrl": ["--checkpoint", "none", "--warmup-steps", "10", "--batch-size", "8", "--hidden", "32", "32",
+             "--buffer-size", "100"],
     "mopo": TINY_MODEL, "mobile": [*TINY_MODEL, "--num-samples", "3"], "ravl": [*TINY_MODEL, "--num-critics", "3"],
 }
 

@@ -103,4 +103,12 @@ class ReplayBuffer:
         self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors, also for CUDA
         self.size, self.position = int(state["size"]), int(state["position"])
         if self.checkpoint_data:
-            self.storage[: self.size] = state["rows"].to(self.device)
+            rows = state["rows"].to(self.device)
+            if self.size > self.capacity:
+                raise ValueError(f"the saved buffer holds {self.size} rows, more than this buffer's capacity {self.capacity}")
+            if self.size < self.capacity and self.position != self.size:
+                # a full ring buffer restored into a larger one (a run resumed with more steps): oldest
+                # row first, and the next write goes after the newest instead of over the oldest
+                rows = torch.cat([rows[self.position:], rows[: self.position]])
+                self.position = self.size
+            self.storage[: self.size] = rows
