@@ -13,6 +13,17 @@ At a sweep's tail fewer runs are left than --jobs, and cores idle. With --spread
 stops a running run (SIGTERM: it finishes its step and saves a checkpoint) and resumes it at once with
 the idle cores as extra threads (`--run.threads` is a setting a resume may change). A run's threads only
 grow, so each is restarted at most a few times; threads change float reductions, not the algorithm.
+
+With --backend ray each run is a Ray task (`pip install -e ".[ray]"`) asking for --threads CPUs (and one
+GPU when --common says `--device cuda`), on the cluster that --ray-address names (`auto`: the one
+`ray start` made on this machine; host:port or ray://host:10001 another; omitted: RAY_ADDRESS, else a
+Ray instance started for this sweep on this machine only). The task runs the same command line as the
+local backend, in a subprocess, so finished runs are skipped and interrupted ones continue from their
+checkpoints exactly as locally; a task whose node dies is retried and resumes. Every node needs this
+checkout importable (e.g. `pip install -e .` at the same path) and the datasets under the same
+MINARI_DATASETS_PATH, and --out-dir must be a path every node and this machine see (a shared
+filesystem): the runs write there and the sweep reads their final.json there. Ctrl-C cancels the tasks;
+each stops its run with SIGTERM, which checkpoints, so the next invocation resumes.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from offrl.checkpoint import has_checkpoint
@@ -52,6 +63,10 @@ class Job:
 
     def has_checkpoint(self) -> bool:
         return has_checkpoint(self.run_dir)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir.parent / f"{self.seed}-sweep.log"
 
     def command(self, common: list[str], threads: int = 1) -> list[str]:
         return [sys.executable, "-m", f"algos.{self.algo}", "--dataset", self.dataset, "--seed", str(self.seed),
@@ -89,26 +104,50 @@ def thread_shares(cores: int, runs: int) -> list[int]:
     return [cores // runs + (i < cores % runs) for i in range(runs)]
 
 
+def set_aside_unstarted(run_dir: Path) -> Path | None:
+    """Move aside a run folder with neither a checkpoint nor a final.json: a run stopped before its first
+    checkpoint, with nothing to resume. Left in place, `--resume auto` would start the run again in
+    `<name>-1`, where the sweep does not look; renamed `<name>.unstarted-<k>` (kept for a look at what it
+    logged), the new start reuses the name. Standard library only (a Ray task runs it on its node)."""
+    run_dir = Path(run_dir)
+    checkpoints = run_dir / "checkpoints"  # as offrl.checkpoint.has_checkpoint
+    if (not run_dir.is_dir() or (run_dir / "final.json").exists() or (checkpoints / "last.pt").exists()
+            or (checkpoints / "previous.pt").exists()):
+        return None
+    k = 1
+    while run_dir.with_name(f"{run_dir.name}.unstarted-{k}").exists():
+        k += 1
+    aside = run_dir.with_name(f"{run_dir.name}.unstarted-{k}")
+    run_dir.rename(aside)
+    return aside
+
+
 def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen:
     job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    set_aside_unstarted(job.run_dir)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    with open(job.run_dir.parent / f"{job.seed}-sweep.log", "a") as log:  # the child keeps its own handle
+    with open(job.log_path, "a") as log:  # the child keeps its own handle
         return subprocess.Popen(job.command(common, threads), stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False) -> list[Job]:
-    """Run the unfinished jobs, `parallel` at a time; returns the ones that failed."""
+def unfinished(jobs: list[Job]) -> list[Job]:
     pending = [j for j in jobs if not j.done()]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to go", flush=True)
+    return pending
+
+
+def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1) -> list[Job]:
+    """Run the unfinished jobs, `parallel` at a time with `threads` threads each; returns the ones that failed."""
+    pending = unfinished(jobs)
     running: list[Running] = []
     failed = []
     while pending or running:
         while pending and len(running) < parallel:
             job = pending.pop(0)
-            running.append(Running(job, launch(job, common, 1), time.time(), 1))
+            running.append(Running(job, launch(job, common, threads), time.time(), threads))
             print(f"start {job.label} {job.dataset} seed {job.seed}", flush=True)
         if spread_threads and not pending and running:
-            for entry, share in zip(running, thread_shares(parallel, len(running))):
+            for entry, share in zip(running, thread_shares(parallel * threads, len(running))):
                 # only a run with a checkpoint: one stopped before its first would resume in a new folder
                 if share > entry.threads and entry.respawn_threads is None and entry.job.has_checkpoint():
                     entry.respawn_threads = share
@@ -133,20 +172,179 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
     return failed
 
 
+# ---------------------------------------------------------------- Ray backend
+
+def wants_gpu(options: list[str]) -> bool:
+    """Whether a run's options put it on a CUDA device (`--device cuda`, `--device=cuda:1`)."""
+    for i, option in enumerate(options):
+        if option == "--device" and i + 1 < len(options):
+            value = options[i + 1]
+        elif option.startswith("--device="):
+            value = option.partition("=")[2]
+        else:
+            continue
+        if value.startswith("cuda"):
+            return True
+    return False
+
+
+def ray_resources(job: Job, common: list[str], threads: int) -> dict:
+    """A run's Ray task resources: a CPU per thread, and a GPU when its options say --device cuda."""
+    return {"num_cpus": threads, "num_gpus": 1 if wants_gpu(common) or wants_gpu(job.extra) else 0}
+
+
+def run_command(command: list[str], run_dir: str, log_path: str, env_updates: dict[str, str], cwd: str | None) -> dict:
+    """The body of a run's Ray task, on whichever node Ray picks: the local backend's command line in a
+    subprocess with this node's Python, its output appended to the run's log. Standard library only (Ray
+    ships it by value). A cancelled task stops the run with SIGTERM, which checkpoints; when the worker
+    dies, Ray sends its child processes SIGTERM too, and Ray's retry of the task waits on a lock beside
+    the run folder, which the old run holds until it has saved that checkpoint and exited."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    start = time.time()
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **env_updates}
+    if cwd is not None and not os.path.isdir(cwd):
+        cwd = None
+    with open(Path(log_path).with_suffix(".lock"), "a") as lock, open(log_path, "a") as log:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            fcntl = None
+        while fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the run too (pass_fds), until it exits
+                break
+            except BlockingIOError:
+                time.sleep(1)
+        set_aside_unstarted(Path(run_dir))
+        proc = subprocess.Popen([sys.executable, *command[1:]], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                pass_fds=(lock.fileno(),))
+        try:
+            while proc.poll() is None:  # not proc.wait(): ray.cancel's KeyboardInterrupt only lands between bytecodes
+                time.sleep(0.5)
+            returncode = proc.returncode
+        except BaseException:  # ray.cancel raises KeyboardInterrupt here: let the run checkpoint and exit
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return {"returncode": returncode, "seconds": time.time() - start, "node": socket.gethostname()}
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise SystemExit("--backend ray needs Ray: pip install -e '.[ray]' (or pip install 'ray>=2.9')") from e
+    return ray
+
+
+def task_environment() -> dict[str, str]:
+    """What a run needs from this machine's environment on any node: this checkout on PYTHONPATH (where it
+    exists there), the datasets folder and wandb settings."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    for name in ("MINARI_DATASETS_PATH", "WANDB_MODE", "WANDB_DIR", "WANDB_SILENT"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def run_ray(jobs: list[Job], common: list[str], address: str | None = None, threads: int = 1,
+            max_retries: int = 3) -> list[Job]:
+    """Run the unfinished jobs as Ray tasks on the cluster at `address` (or an already initialized Ray);
+    returns the ones that failed. A run counts as done when its final.json says so, read here: the run
+    folders must be on a filesystem this machine shares with the nodes."""
+    ray = _import_ray()
+    from ray import cloudpickle
+
+    # absolute run folders: a task's working directory is this one only where a node has it
+    pending = [replace(job, out_dir=job.out_dir.resolve()) for job in unfinished(jobs)]
+    if not pending:
+        return []
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if run_command.__module__ != "__main__":  # (functions of __main__ travel by value anyway)
+        cloudpickle.register_pickle_by_value(sys.modules[run_command.__module__])  # nodes need not import benchmarks
+    task = ray.remote(run_command)
+    env, cwd = task_environment(), os.getcwd()
+    refs = {}
+    for job in pending:
+        job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        options = dict(ray_resources(job, common, threads), max_retries=max_retries, retry_exceptions=False)
+        env_job = {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        ref = task.options(**options, name=f"{job.label}-{sanitize(job.dataset)}-{job.seed}").remote(
+            job.command(common, threads), str(job.run_dir), str(job.log_path), env_job, cwd)
+        refs[ref] = (job, time.time())
+        print(f"submit {job.label} {job.dataset} seed {job.seed} ({options['num_cpus']} CPU, "
+              f"{options['num_gpus']} GPU)", flush=True)
+    failed = []
+    try:
+        while refs:
+            (ref,), _ = ray.wait(list(refs), num_returns=1)
+            job, start = refs.pop(ref)
+            try:
+                result = ray.get(ref)
+                code, where = result["returncode"], f" on {result['node']}"
+            except Exception as e:  # noqa: BLE001 - the task died (node lost past its retries, ...)
+                code, where = f"task error {type(e).__name__}", ""
+            ok = code == 0 and job.done()
+            if code == 0 and not ok:
+                where += (f": exited 0, but {job.run_dir / 'final.json'} does not show {job.steps} steps here (see "
+                          "its log; is --out-dir on a filesystem that this machine shares with the nodes?)")
+            print(f"{'done' if ok else 'FAILED'} {job.label} {job.dataset} seed {job.seed} "
+                  f"({(time.time() - start) / 60:.1f} min, exit {code}){where}", flush=True)
+            if not ok:
+                failed.append(job)
+    except KeyboardInterrupt:
+        print(f"interrupted: cancelling {len(refs)} run(s); each checkpoints on SIGTERM, rerun to resume", flush=True)
+        for ref in refs:
+            ray.cancel(ref)
+        ray.wait(list(refs), num_returns=len(refs), timeout=330)
+        raise SystemExit(130) from None
+    return failed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", required=True, help="sweep name (a folder under --out-dir)")
-    parser.add_argument("--out-dir", default="runs-bench")
+    parser.add_argument("--out-dir", default="runs-bench",
+                        help="where the run folders go; with --backend ray a path every node and this machine see")
     parser.add_argument("--variant", action="append", required=True, help="label=algo [options], repeatable")
     parser.add_argument("--datasets", nargs="+", required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one per core)")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="local backend: runs at a time (one per core); Ray schedules by the cluster's resources")
+    parser.add_argument("--threads", type=int, default=1, help="threads per run (Ray: CPUs per task)")
     parser.add_argument("--common", default="", help="options for every run, e.g. '--eval.every 10000'")
     parser.add_argument("--spread-threads", action="store_true",
-                        help="when fewer runs are left than --jobs, restart them with the idle cores as threads")
+                        help="when fewer runs are left than --jobs, restart them with the idle cores as threads "
+                             "(local backend)")
+    parser.add_argument("--backend", choices=["local", "ray"], default="local",
+                        help="local: processes on this machine; ray: one Ray task per run (see above)")
+    parser.add_argument("--ray-address", default=None,
+                        help="auto (the cluster `ray start` made here), host:port or ray://host:10001; "
+                             "default: RAY_ADDRESS, else a Ray instance on this machine for this sweep")
+    parser.add_argument("--ray-retries", type=int, default=3,
+                        help="times Ray reruns a run whose worker or node died (it resumes from its checkpoint)")
     args = parser.parse_args(argv)
-    failed = run(jobs_of(args), shlex.split(args.common), args.jobs, args.spread_threads)
+    if args.backend == "ray" and args.spread_threads:
+        parser.error("--spread-threads is for the local backend (a Ray task keeps the CPUs it asked for)")
+    common = shlex.split(args.common)
+    if args.backend == "ray":
+        failed = run_ray(jobs_of(args), common, args.ray_address, args.threads, args.ray_retries)
+    else:
+        failed = run(jobs_of(args), common, args.jobs, args.spread_threads, args.threads)
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed; see their logs next to the run folders")
 

@@ -1,13 +1,20 @@
-"""Result tables from run folders: one row per (variant, dataset), over seeds.
+"""Result tables from run folders: one row per (variant, dataset), over seeds, as markdown and JSON.
 
     python -m benchmarks.table runs-bench/hopper-mr --out results/hopper-mr.md --title "..." \\
-        --command "python -m benchmarks.sweep ..."
+        --command "python -m benchmarks.sweep ..." --json results/hopper-mr.json --plots results/hopper-mr
 
 For every run folder with a final.json: the last evaluation's normalized score (final) and the best
 one over training (best, from metrics.jsonl). Per group: mean ± std over seeds of last and best, and
-the IQM (mean of the middle 50% of seeds' last scores) with a 95% bootstrap confidence interval
-(resampling seeds, 2000 draws, fixed seed). The caption states seeds, steps, evaluation episodes,
-hardware and package versions, read from the runs themselves.
+the IQM of the seeds' last scores with a 95% confidence interval. Below it, per variant over all its
+datasets: IQM, mean and optimality gap with stratified-bootstrap 95% CIs. The statistics come from
+rliable (benchmarks/stats.py: the optional extra `.[stats]`) with a fixed number of bootstrap
+replicates (--reps) and a fixed seed (--bootstrap-seed), so the same run folders give the same table,
+byte for byte. The caption states seeds, steps, evaluation episodes, hardware and package versions,
+read from the runs themselves, and the date the last run finished (not the date of rendering).
+
+--json writes the same numbers (plus per-seed scores, learning curves and performance profiles) as
+JSON; --plots DIR draws learning curves, aggregate intervals and performance profiles as PNGs into DIR
+(benchmarks/plots.py) and links them from the table.
 
 With --reevaluate N the final column is instead each run's final checkpoint evaluated again with N
 episodes from reset seed --reeval-seed (`offrl eval`; cached next to the run as
@@ -18,30 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import stats
 from offrl.checkpoint import run_checkpoint
-
-
-def iqm(values: np.ndarray) -> float:
-    """Interquartile mean: the mean of the values left after dropping the lowest and highest 25%
-    (fractional weights at the cut points, as scipy.stats.trim_mean would with interpolation)."""
-    x = np.sort(np.asarray(values, dtype=np.float64))
-    n = len(x)
-    lo, hi = 0.25 * n, 0.75 * n
-    weights = np.clip(np.minimum(np.arange(1, n + 1), hi) - np.maximum(np.arange(n), lo), 0, None)
-    return float((weights * x).sum() / weights.sum())
-
-
-def bootstrap_ci(values: np.ndarray, statistic=iqm, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    values = np.asarray(values, dtype=np.float64)
-    stats = [statistic(rng.choice(values, size=len(values), replace=True)) for _ in range(draws)]
-    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
 
 
 def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
@@ -64,8 +58,10 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     if not final_path.exists():
         return None
     final = json.loads(final_path.read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r[metric] for r in rows if metric in r]
+    curve = {r["step"]: r[metric] for r in rows if metric in r and "step" in r}  # a redone step keeps its last value
+    times = [r["time"] for r in rows if "time" in r]
     config = json.loads((run_dir / "config.json").read_text())
     env = json.loads((run_dir / "environment.json").read_text())
     final_score, episodes = final.get(metric), config["eval"]["episodes"]
@@ -79,7 +75,8 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     return {"final": final_score, "best": max(evals, default=final.get(metric)), "metric": metric,
             "seed": final["seed"], "steps": final["steps"], "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
-            "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir)}
+            "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
+            "curve": sorted(curve.items()), "finished": max(times, default=None)}
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
@@ -109,23 +106,56 @@ def machine_of(env: dict) -> str:
     return f"{env.get('processor')}, {env.get('cpu_count')} cores, device {device}; {packages}"
 
 
-def render(groups: dict, title: str, command: str | None, reeval_seed: int | None = None) -> str:
-    runs = list({r["run_dir"]: r for rs in groups.values() for r in rs}.values())  # a run has a row per metric
-    if not runs:
-        return f"# {title}\n\n(no finished runs)\n"
-    seeds = sorted({r["seed"] for r in runs})
-    steps = sorted({r["steps"] for r in runs})
-    episodes = sorted({r["episodes"] for r in runs})
-    train_episodes = sorted({r["train_episodes"] for r in runs})
-    if reeval_seed is None:
-        evaluation = (f"each evaluation {', '.join(map(str, episodes))} episodes (deterministic policy). ")
-        final_is = "Final = the last evaluation; "
-    else:
-        evaluation = (f"training's evaluations {', '.join(map(str, train_episodes))} episodes (deterministic policy). ")
-        final_is = (f"Final = the final checkpoint evaluated again by `offrl eval` with {', '.join(map(str, episodes))} "
-                    f"episodes from reset seed {reeval_seed} (other episodes than training's); ")
+def _number(x: float | None) -> float | None:
+    """JSON has no NaN: a missing value is null."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _by_seed(runs: list[dict]) -> list[dict]:
+    """A group's runs in a fixed order (seed, folder), whatever order the roots were given in: the bootstrap
+    resamples positions, so its CI must not depend on the order the runs were found."""
+    return sorted(runs, key=lambda r: (r["seed"], r["run_dir"]))
+
+
+def _is_normalized(runs: list[dict]) -> bool:
+    return all(r.get("metric", "eval/normalized_score").endswith("normalized_score") for r in runs)
+
+
+def curve_of(runs: list[dict], reps: int, seed: int) -> dict:
+    """A row's learning curve over training's evaluations: per gradient step the mean over the seeds
+    evaluated there and a bootstrap 95% CI of that mean (stats.mean_band)."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        for step, value in run.get("curve", []):
+            if value is not None:
+                by_step[int(step)].append(float(value))
+    steps = sorted(by_step)
+    mean, low, high = stats.mean_band([np.array(by_step[s]) for s in steps], reps, seed)
+    return {"steps": steps, "n": [len(by_step[s]) for s in steps], "mean": [_number(x) for x in mean],
+            "ci": [[_number(a), _number(b)] for a, b in zip(low, high)]}
+
+
+def aggregate_scores(groups: dict) -> dict[str, dict]:
+    """Per row label, its final scores as a (runs, datasets) array for rliable: each dataset's runs in seed
+    order, cut to the smallest seed count among its datasets (a stratified bootstrap needs as many runs in
+    every column)."""
+    by_label: dict[str, dict[str, list[dict]]] = defaultdict(dict)
+    for (label, dataset), runs in groups.items():
+        by_label[label][dataset] = _by_seed(runs)
+    out = {}
+    for label in sorted(by_label):
+        datasets = sorted(by_label[label])
+        counts = [len(by_label[label][d]) for d in datasets]
+        n = min(counts)
+        scores = np.array([[r["final"] for r in by_label[label][d][:n]] for d in datasets], dtype=np.float64).T
+        out[label] = {"datasets": datasets, "runs_per_dataset": n, "runs_found": counts, "scores": scores,
+                      "normalized": all(_is_normalized(by_label[label][d]) for d in datasets)}
+    return out
+
+
+def hardware_of(groups: dict, runs: list[dict]) -> str:
     machines: dict[str, list[str]] = defaultdict(list)  # machine description -> the rows that ran there
-    for (row, _), rs in groups.items():
+    for (row, _), rs in sorted(groups.items()):
         for description in dict.fromkeys(machine_of(r["env"]) for r in rs):
             if row not in machines[description]:
                 machines[description].append(row)
@@ -140,37 +170,143 @@ def render(groups: dict, title: str, command: str | None, reeval_seed: int | Non
         counts = ", ".join(f"{sum(r['threads'] == t for r in runs)} at {t or 'torch default'}" for t in threads)
         hardware += (f", threads per run as last resumed: {counts} (a resume may add threads; that changes float "
                      "reductions, not the algorithm)")
+    return hardware
+
+
+def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
+              reps: int = stats.REPS, seed: int = stats.SEED, profiles: bool = False, curves: bool = False) -> dict:
+    """Everything a table says, as plain data (the --json output): caption facts, one entry per row with
+    per-seed scores and rliable's IQM / mean / optimality gap with CIs, and per variant the aggregate over
+    its datasets; with `profiles` performance profiles, with `curves` each row's learning curve."""
+    runs = list({r["run_dir"]: r for rs in groups.values() for r in rs}.values())  # a run has a row per metric
+    finished = [r["finished"] for r in runs if r.get("finished") is not None]
+    out = {"title": title, "command": command, "generated_by": "python -m benchmarks.table", "runs": len(runs),
+           "last_finished": time.strftime("%Y-%m-%d", time.gmtime(max(finished))) if finished else None,
+           "seeds": sorted({r["seed"] for r in runs}), "steps": sorted({r["steps"] for r in runs}),
+           "episodes": sorted({r["episodes"] for r in runs}), "train_episodes": sorted({r["train_episodes"] for r in runs}),
+           "reeval_seed": reeval_seed, "hardware": hardware_of(groups, runs) if runs else None,
+           "statistics": {"implementation": stats.implementation(), "method": "stratified bootstrap, percentile",
+                          "reps": reps, "seed": seed, "confidence": stats.CONFIDENCE,
+                          "optimality_gap_threshold": stats.GAMMA},
+           "rows": [], "aggregates": []}
+    for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rs = _by_seed(rs)
+        final = np.array([r["final"] for r in rs], dtype=np.float64)
+        best = np.array([r["best"] for r in rs], dtype=np.float64)
+        walls = [r["wall"] for r in rs if r["wall"] is not None]
+        row = {"variant": label, "dataset": dataset, "metric": rs[0].get("metric", "eval/normalized_score"),
+               "n": len(rs), "seeds": [r["seed"] for r in rs], "steps": sorted({r["steps"] for r in rs}),
+               "precision": sorted({r["precision"] for r in rs}),
+               "final": {"values": final.tolist(), "mean": float(final.mean()), "std": float(final.std())},
+               "best": {"values": best.tolist(), "mean": float(best.mean()), "std": float(best.std())},
+               **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
+               "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
+               "run_dirs": [r["run_dir"] for r in rs]}
+        if curves:
+            row["curve"] = curve_of(rs, reps, seed)
+        out["rows"].append(row)
+    scored = aggregate_scores(groups)
+    for label, entry in scored.items():
+        out["aggregates"].append({"variant": label, "datasets": entry["datasets"],
+                                  "runs_per_dataset": entry["runs_per_dataset"], "runs_found": entry["runs_found"],
+                                  **stats.summary(entry["scores"], reps, seed, optimality_gap=entry["normalized"])})
+    if profiles and scored:
+        taus = stats.tau_grid([e["scores"] for e in scored.values()])
+        out["performance_profiles"] = {"taus": taus.tolist(), "variants": {}}
+        for label, entry in scored.items():
+            profile, ci = stats.performance_profile(entry["scores"], taus, reps, seed)
+            out["performance_profiles"]["variants"][label] = {"fraction_above": profile.tolist(),
+                                                              "ci": ci.T.tolist()}
+    return out
+
+
+def _interval(entry: dict | None) -> str:
+    if entry is None:
+        return "n/a"
+    low, high = entry["ci"]
+    return f"{entry['point']:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
+    """The table as markdown; `plots` = [(caption, link)] appended as images."""
+    title, command = summary["title"], summary["command"]
+    if not summary["runs"]:
+        return f"# {title}\n\n(no finished runs)\n"
+    st = summary["statistics"]
+    if summary["reeval_seed"] is None:
+        evaluation = f"each evaluation {', '.join(map(str, summary['episodes']))} episodes (deterministic policy). "
+        final_is = "Final = the last evaluation; "
+    else:
+        evaluation = (f"training's evaluations {', '.join(map(str, summary['train_episodes']))} episodes "
+                      "(deterministic policy). ")
+        final_is = (f"Final = the final checkpoint evaluated again by `offrl eval` with "
+                    f"{', '.join(map(str, summary['episodes']))} episodes from reset seed {summary['reeval_seed']} "
+                    "(other episodes than training's); ")
+    finished = f" (the last finished on {summary['last_finished']}, UTC)" if summary["last_finished"] else ""
     lines = [f"# {title}", "",
-             f"Generated by `python -m benchmarks.table` on {time.strftime('%Y-%m-%d')} from {len(runs)} runs. "
-             f"Seeds {seeds}; {', '.join(map(str, steps))} gradient steps; {evaluation}"
-             f"Hardware: {hardware}. "
+             f"Generated by `{summary['generated_by']}` from {summary['runs']} runs{finished}. "
+             f"Seeds {summary['seeds']}; {', '.join(map(str, summary['steps']))} gradient steps; {evaluation}"
+             f"Hardware: {summary['hardware']}. "
              f"{final_is}best = the best evaluation during training (optimistic, as CORL's 'best'). "
-             "IQM over seeds' final scores with a 95% bootstrap CI (resampling seeds). Precision: the runs' "
-             "`--run.precision` (bf16 = gradient steps under bfloat16 autocast). Hours per run: wall time over all of "
-             "a run's processes (n/a for runs resumed before offrl recorded it), which depends on what else ran "
-             "on the machine.",
+             "IQM = interquartile mean over seeds' final scores (rliable's 25% trimmed mean: it drops int(n/4) "
+             "scores at each end, so with fewer than 4 seeds it is the mean) with a 95% CI; CIs from "
+             f"{st['implementation']} (stratified bootstrap over seeds, percentile method, {st['reps']} replicates, "
+             f"numpy seed {st['seed']}), so the table regenerates byte-for-byte from the same run folders. "
+             "Precision: the runs' `--run.precision` (bf16 = gradient steps under bfloat16 autocast). Hours per run: "
+             "wall time over all of a run's processes (n/a for runs resumed before offrl recorded it), which depends "
+             "on what else ran on the machine.",
              ""]
     if command:
         lines += [f"Command: `{command}`", ""]
     lines += ["| variant | dataset | seeds | steps | precision | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        final = np.array([r["final"] for r in rs])
-        best = np.array([r["best"] for r in rs])
-        low, high = bootstrap_ci(final)
-        walls = [r["wall"] for r in rs if r["wall"] is not None]
-        hours = "n/a" if not walls else f"{np.mean(walls) / 3600:.2f}" + ("" if len(walls) == len(rs) else f" ({len(walls)} of {len(rs)} runs)")
-        row_steps = "/".join(str(s) for s in sorted({r["steps"] for r in rs}))
-        precision = "/".join(sorted({r["precision"] for r in rs}))
-        lines.append(f"| {label} | {dataset} | {len(rs)} | {row_steps} | {precision} | {final.mean():.1f} ± {final.std():.1f} | "
-                     f"{best.mean():.1f} ± {best.std():.1f} | {iqm(final):.1f} [{low:.1f}, {high:.1f}] | {hours} |")
+    for row in summary["rows"]:
+        final, best = row["final"], row["best"]
+        hours = "n/a" if row["hours_per_run"] is None else f"{row['hours_per_run']:.2f}" + (
+            "" if row["runs_with_wall_time"] == row["n"] else f" ({row['runs_with_wall_time']} of {row['n']} runs)")
+        lines.append(f"| {row['variant']} | {row['dataset']} | {row['n']} | {'/'.join(map(str, row['steps']))} | "
+                     f"{'/'.join(row['precision'])} | {final['mean']:.1f} ± {final['std']:.1f} | "
+                     f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
+    lines += ["", "## Aggregate over datasets", "",
+              "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
+              "datasets), mean (of the per-dataset means) and optimality gap (100 minus the mean of min(score, 100): "
+              "the shortfall from an expert's normalized score; n/a for other metrics), each with a 95% CI from "
+              f"{st['implementation']} (stratified bootstrap: seeds resampled within each dataset, {st['reps']} "
+              f"replicates, numpy seed {st['seed']}). A variant with more seeds on some datasets than on others uses "
+              "its first n seeds of each.", "",
+              "| variant | datasets | runs per dataset | IQM [95% CI] | mean [95% CI] | optimality gap [95% CI] |",
+              "|---|---|---|---|---|---|"]
+    for agg in summary["aggregates"]:
+        n = str(agg["runs_per_dataset"])
+        if len(set(agg["runs_found"])) > 1:
+            n += f" (of {min(agg['runs_found'])}-{max(agg['runs_found'])})"
+        lines.append(f"| {agg['variant']} | {len(agg['datasets'])} | {n} | {_interval(agg['iqm'])} | "
+                     f"{_interval(agg['mean'])} | {_interval(agg.get('optimality_gap'))} |")
+    if len({tuple(agg["datasets"]) for agg in summary["aggregates"]}) > 1:
+        lines += ["", "The variants cover different datasets, so their aggregates are not comparable with each other: "
+                      + "; ".join(f"{agg['variant']}: {', '.join(agg['datasets'])}" for agg in summary["aggregates"]) + "."]
+    if plots:
+        lines += ["", "## Plots", ""]
+        for caption, link in plots:
+            lines += [f"![{caption}]({link})", ""]
+        lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def render(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
+           reps: int = stats.REPS, seed: int = stats.SEED) -> str:
+    return markdown(summarize(groups, title, command, reeval_seed, reps, seed))
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", type=Path, nargs="+", help="sweep folders: <out-dir>/<name>")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="markdown file to write")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the numbers as JSON (per-seed scores, CIs, learning curves, performance profiles)")
+    parser.add_argument("--plots", type=Path, default=None, metavar="DIR",
+                        help="draw learning curves, aggregate intervals and performance profiles as PNGs into DIR "
+                             "and link them from the table")
     parser.add_argument("--title", default="Results")
     parser.add_argument("--command", default=None, help="the sweep command, quoted in the caption")
     parser.add_argument("--metric", action="append", default=None,
@@ -178,13 +314,32 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--reevaluate", type=int, metavar="EPISODES",
                         help="final = each run's final checkpoint evaluated again with this many episodes")
     parser.add_argument("--reeval-seed", type=int, default=10_000, help="reset seed of the first re-evaluation episode")
+    parser.add_argument("--reps", type=int, default=stats.REPS, help="bootstrap replicates of every CI")
+    parser.add_argument("--bootstrap-seed", type=int, default=stats.SEED, help="numpy seed of every bootstrap")
     args = parser.parse_args(argv)
     reevaluate = (args.reevaluate, args.reeval_seed) if args.reevaluate else None
-    text = render(collect(args.roots, args.metric, reevaluate), args.title, args.command,
-                  args.reeval_seed if reevaluate else None)
+    if not stats.implementation().startswith("rliable"):
+        print(f"note: rliable did not import ({stats.IMPORT_ERROR}); the same statistics come from "
+              "benchmarks/stats.py's copy of its bootstrap. pip install -e '.[stats]'", file=sys.stderr)
+    extras = args.json is not None or args.plots is not None
+    summary = summarize(collect(args.roots, args.metric, reevaluate), args.title, args.command,
+                        args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
+                        profiles=extras, curves=extras)
+    links = None
+    if args.plots is not None:
+        from benchmarks import plots
+
+        written = plots.write_plots(summary, args.plots)
+        base = args.out.parent if args.out else Path.cwd()
+        links = [(caption, Path(os.path.relpath(path, base)).as_posix()) for caption, path in written]
+        summary["plots"] = [{"caption": caption, "path": link} for caption, link in links]
+    text = markdown(summary, links)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
     print(text)
     return text
 

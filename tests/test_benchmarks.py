@@ -1,22 +1,96 @@
-"""Sweep and table tooling: IQM by hand, a tiny resumable sweep rendered as a table."""
+"""Sweep and table tooling: rliable statistics, two tiny resumable sweeps (local and Ray) rendered as a
+reproducible table with plots."""
 
+import contextlib
+import io
 import json
+import time
 
 import numpy as np
 import pytest
 
-from benchmarks import sweep, table
+from benchmarks import stats, sweep, table
 from offrl.optim import cosine_decay
 
 from conftest import PYTHON, run_cli
 
 
-def test_iqm_by_hand():
-    assert table.iqm(np.array([4.0, 1.0, 3.0, 2.0])) == pytest.approx(2.5)  # mean of the middle two
-    # n = 3: quarter weights at the cut points -> (0.25 * 1 + 2 + 0.25 * 10) / 1.5
-    assert table.iqm(np.array([1.0, 2.0, 10.0])) == pytest.approx((0.25 + 2 + 2.5) / 1.5)
-    low, high = table.bootstrap_ci(np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert low <= table.iqm(np.array([1.0, 2.0, 3.0, 4.0, 5.0])) <= high
+def importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except Exception:  # noqa: BLE001 - rliable's dependencies may raise other errors at import (arch vs pandas 3)
+        return False
+    return True
+
+
+HAS_RAY = importable("ray")
+
+
+def test_iqm_and_optimality_gap_by_hand():
+    column = lambda *x: np.array(x, dtype=np.float64)[:, None]  # noqa: E731 - runs x 1 task
+    assert stats.aggregate_iqm(column(4.0, 1.0, 3.0, 2.0)) == pytest.approx(2.5)  # mean of the middle two
+    assert stats.aggregate_iqm(column(1.0, 2.0, 10.0)) == pytest.approx(13 / 3)  # int(3 / 4) = 0 cut: the mean
+    assert stats.aggregate_iqm(column(*range(8), 100.0)) == pytest.approx(4.0)  # 2 cut at each end of 9
+    assert stats.aggregate_optimality_gap(column(50.0, 120.0)) == pytest.approx(100 - (50 + 100) / 2)
+    scores = np.array([[1.0, 10.0], [3.0, 30.0]])  # runs x tasks: the mean of the task means
+    assert stats.aggregate_mean(scores) == pytest.approx(11.0)
+    (low_iqm, low_mean, _), (high_iqm, high_mean, _) = stats.interval_estimates(column(1.0, 2.0, 3.0, 4.0, 5.0))[1]
+    assert low_iqm <= 3.0 <= high_iqm and low_mean <= 3.0 <= high_mean
+
+
+@pytest.mark.skipif(not importable("rliable"), reason="rliable is not installed (pip install -e '.[stats]')")
+def test_rliable_and_the_fallback_give_the_same_numbers(monkeypatch):
+    scores = np.random.default_rng(0).normal(50, 20, (5, 3))
+    taus = stats.tau_grid([scores])
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    with_rliable = stats.interval_estimates(scores, reps=300), stats.performance_profile(scores, taus, reps=300)
+    assert (np.random.get_state()[1] == before).all()  # the caller's global RNG is left as it was
+    assert stats.implementation().startswith("rliable ")
+    monkeypatch.setattr(stats, "_RLIABLE", None)
+    fallback = stats.interval_estimates(scores, reps=300), stats.performance_profile(scores, taus, reps=300)
+    for (point_a, ci_a), (point_b, ci_b) in zip(with_rliable, fallback):
+        np.testing.assert_array_equal(point_a, point_b)
+        np.testing.assert_array_equal(ci_a, ci_b)
+    assert stats.interval_estimates(scores, reps=300, seed=1)[1][0, 0] != fallback[0][1][0, 0]  # the seed matters
+
+
+def test_a_table_without_rliable_has_the_same_numbers(monkeypatch):
+    run = {"final": 50.0, "best": 60.0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
+           "env": {"processor": "x86_64", "cpu_count": 2, "device": "cpu"}, "wall": None, "threads": 1}
+    groups = {(label, dataset): [{**run, "seed": s, "final": 10.0 * s + len(label) + len(dataset),
+                                  "run_dir": f"{label}{dataset}{s}"} for s in range(5)]
+              for label in ("bc", "iql") for dataset in ("d1", "d22")}
+    with_rliable, name = table.render(groups, "t", None, reps=200), stats.implementation()
+    monkeypatch.setattr(stats, "_RLIABLE", None)
+    fallback = table.render(groups, "t", None, reps=200)
+    assert fallback.count(stats.FALLBACK) == 2 and "| iql | 2 | 5 |" in fallback
+    assert fallback.replace(stats.FALLBACK, name) == with_rliable  # the same numbers, digit for digit
+
+
+def test_a_ray_task_asks_for_its_threads_and_a_gpu_for_cuda_runs():
+    job = sweep.Job("bc", "bc", ["--hidden", "16"], "d", 0, 10, sweep.Path("runs"))
+    assert sweep.ray_resources(job, [], 1) == {"num_cpus": 1, "num_gpus": 0}
+    assert sweep.ray_resources(job, ["--eval.every", "5", "--device", "cuda"], 2) == {"num_cpus": 2, "num_gpus": 1}
+    assert sweep.ray_resources(job, ["--device=cuda:1"], 1)["num_gpus"] == 1
+    assert sweep.ray_resources(job, ["--device", "cpu"], 1)["num_gpus"] == 0
+
+
+def test_a_run_folder_without_a_checkpoint_is_set_aside_before_a_start(tmp_path):
+    """Else `--resume auto` would start the run again in `<seed>-sweep-1`, where the sweep does not look."""
+    unstarted, resumable, finished = tmp_path / "0-sweep", tmp_path / "1-sweep", tmp_path / "2-sweep"
+    for folder in (unstarted, resumable, finished):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (resumable / "checkpoints").mkdir()
+    (resumable / "checkpoints" / "previous.pt").write_text("")
+    (finished / "final.json").write_text("{}")
+    assert sweep.set_aside_unstarted(unstarted) == tmp_path / "0-sweep.unstarted-1"
+    assert (tmp_path / "0-sweep.unstarted-1" / "config.json").exists() and not unstarted.exists()
+    assert sweep.set_aside_unstarted(resumable) is None and sweep.set_aside_unstarted(finished) is None
+    assert sweep.set_aside_unstarted(tmp_path / "3-sweep") is None  # nothing there yet
+    unstarted.mkdir()
+    assert sweep.set_aside_unstarted(unstarted) == tmp_path / "0-sweep.unstarted-2"
 
 
 def test_cosine_decay_matches_cosine_annealing():
@@ -32,34 +106,128 @@ def test_cosine_decay_matches_cosine_annealing():
         annealing.step()
 
 
-def test_a_sweep_runs_resumes_and_makes_a_table(tiny, tmp_path):
-    args = ["-m", "benchmarks.sweep", "--name", "t", "--out-dir", str(tmp_path), "--variant", "bc=bc --hidden 16",
-            "--variant", "td3=td3_bc --hidden 16", "--datasets", tiny, "--seeds", "0", "1", "--steps", "60",
-            "--jobs", "2", "--common", "--eval.every 30 --eval.episodes 2"]
-    out = run_cli(PYTHON, *args).stdout
-    assert "0 of 4 runs already finished" in out and out.count("done ") == 4
-    again = run_cli(PYTHON, *args).stdout
-    assert "4 of 4 runs already finished; 0 to go" in again
-    text = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--title", "tiny",
-                   "--out", str(tmp_path / "t.md")).stdout
-    rows = [line for line in text.splitlines() if line.startswith("| bc") or line.startswith("| td3")]
-    assert len(rows) == 2 and all("| 2 |" in r for r in rows)
+def sweep_args(out_dir, name, variant, dataset):
+    return ["--name", name, "--out-dir", str(out_dir), "--variant", variant, "--datasets", dataset, "--seeds", "0", "1",
+            "--steps", "60", "--common", "--eval.every 30 --eval.episodes 2"]
+
+
+def final_of(run_dir):
+    return json.loads((run_dir / "final.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def sweeps(tiny, tmp_path_factory):
+    """Two tiny 2-run sweeps shared by the tests below: BC through the local backend (`python -m
+    benchmarks.sweep`, run twice), TD3+BC through the Ray backend on a local Ray instance started here (run
+    again after removing one run's final.json, as if interrupted) -- or locally where Ray is not installed."""
+    root = tmp_path_factory.mktemp("sweeps")
+    out = {"root": root}
+    start = time.time()
+    out["local"] = run_cli(PYTHON, "-m", "benchmarks.sweep", *sweep_args(root, "local", "bc=bc --hidden 16", tiny)).stdout
+    out["local_again"] = run_cli(PYTHON, "-m", "benchmarks.sweep", *sweep_args(root, "local", "bc=bc --hidden 16", tiny)).stdout
+    out["local_seconds"] = time.time() - start
+    ray_args = sweep_args(root, "ray", "td3=td3_bc --hidden 16", tiny)
+    if not HAS_RAY:
+        out["ray"] = run_cli(PYTHON, "-m", "benchmarks.sweep", *ray_args).stdout
+        return out
+    import ray
+
+    start = time.time()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for key in ("ray", "ray_again", "ray_resumed"):
+            if key == "ray_resumed":  # an interrupted run: checkpoint, no final.json
+                run_dir = root / "ray" / "td3" / "td3_bc" / "offrl-tiny-v0" / "1-sweep"
+                out["uninterrupted_final"] = final_of(run_dir)
+                (run_dir / "final.json").unlink()
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                sweep.main([*ray_args, "--backend", "ray"])
+            out[key] = printed.getvalue()
+    finally:
+        ray.shutdown()
+    out["ray_seconds"] = time.time() - start
+    return out
+
+
+def test_local_sweep_runs_and_skips_finished_runs(sweeps):
+    assert "0 of 2 runs already finished" in sweeps["local"] and sweeps["local"].count("done ") == 2
+    assert "2 of 2 runs already finished; 0 to go" in sweeps["local_again"]
+    runs = sorted((sweeps["root"] / "local" / "bc" / "bc").glob("*/*-sweep/final.json"))
+    assert [json.loads(r.read_text())["steps"] for r in runs] == [60, 60]
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install -e '.[ray]')")
+def test_ray_sweep_runs_skips_finished_runs_and_resumes_interrupted_ones(sweeps):
+    print(f"Ray sweeps (start, 2 runs, rerun, resume, shutdown): {sweeps['ray_seconds']:.1f} s; "
+          f"local sweep and rerun: {sweeps['local_seconds']:.1f} s")
+    first = sweeps["ray"]
+    assert "0 of 2 runs already finished" in first and first.count("(1 CPU, 0 GPU)") == 2 and first.count("done ") == 2
+    assert "2 of 2 runs already finished; 0 to go" in sweeps["ray_again"]
+    resumed = sweeps["ray_resumed"]
+    assert "1 of 2 runs already finished; 1 to go" in resumed and "done td3 offrl/tiny-v0 seed 1" in resumed
+    run_dir = sweeps["root"] / "ray" / "td3" / "td3_bc" / "offrl-tiny-v0" / "1-sweep"
+    final, before = final_of(run_dir), sweeps["uninterrupted_final"]
+    assert final["resumes"] == before["resumes"] + 1 and final["steps"] == 60  # resumed, not started afresh
+    assert final["eval/normalized_score"] == before["eval/normalized_score"]
+    assert "resumed" in (run_dir.parent / "1-sweep.log").read_text()
+
+
+def test_table_from_both_sweeps_regenerates_byte_for_byte_with_plots(sweeps, tmp_path):
+    roots = [str(sweeps["root"] / "local"), str(sweeps["root"] / "ray")]
+    options = ["--title", "tiny", "--command", "python -m benchmarks.sweep ...", "--reps", "500"]
+    md, js, plots = tmp_path / "tiny.md", tmp_path / "tiny.json", tmp_path / "tiny"
+    text = run_cli(PYTHON, "-m", "benchmarks.table", *roots, *options, "--out", str(md), "--json", str(js),
+                   "--plots", str(plots)).stdout
+    rows = [line for line in text.splitlines() if line.startswith("| bc |") or line.startswith("| td3 |")]
+    assert len(rows) == 4 and all("| 2 |" in r for r in rows[:2])  # two table rows, two aggregate rows
     assert "Seeds [0, 1]; 60 gradient steps; each evaluation 2 episodes" in text and "one thread per run" in text
-    assert (tmp_path / "t.md").read_text().strip() == text.strip()
-    two = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--metric", "eval/normalized_score",
-                  "--metric", "eval/return_mean").stdout
+    assert "CIs from rliable " in text or "CIs from offrl's copy of rliable" in text
+    assert "500 replicates, numpy seed 0), so the table regenerates byte-for-byte" in text
+    assert md.read_text().strip() == text.strip()
+    summary = json.loads(js.read_text())
+    bc = next(r for r in summary["rows"] if r["variant"] == "bc")
+    assert bc["n"] == 2 and bc["seeds"] == [0, 1] and bc["iqm"]["ci"][0] <= bc["iqm"]["point"] <= bc["iqm"]["ci"][1]
+    assert bc["final"]["values"] == [final_of(sweeps["root"] / "local" / "bc" / "bc" / "offrl-tiny-v0" / f"{s}-sweep")
+                                     ["eval/normalized_score"] for s in (0, 1)]
+    assert bc["curve"]["steps"] == [30, 60] and bc["curve"]["n"] == [2, 2]
+    assert {a["variant"] for a in summary["aggregates"]} == {"bc", "td3"}
+    assert all("optimality_gap" in a for a in summary["aggregates"])
+    assert len(summary["performance_profiles"]["taus"]) == 101
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert pngs == ["aggregates.png", "curves-offrl-tiny-v0.png", "profiles.png"]
+    assert all((plots / name).stat().st_size > 1000 for name in pngs)
+    assert "![learning curves on offrl/tiny-v0](tiny/curves-offrl-tiny-v0.png)" in text  # relative to the table
+    # the same run folders, given in the other order, render the same bytes (table, JSON and plots)
+    files = [md, js, *(plots / name for name in pngs)]
+    first = [f.read_bytes() for f in files]
+    table.main([*roots[::-1], *options, "--out", str(md), "--json", str(js), "--plots", str(plots)])
+    assert [f.read_bytes() for f in files] == first
+
+
+def test_table_reports_several_metrics_and_reevaluated_final_scores(sweeps):
+    root = sweeps["root"] / "local"
+    two = table.main([str(root), "--metric", "eval/normalized_score", "--metric", "eval/return_mean", "--reps", "200"])
     assert sum(line.startswith("| bc [eval] |") or line.startswith("| bc [eval/return_mean] |")
-               for line in two.splitlines()) == 2
+               for line in two.splitlines()) == 4  # table and aggregate rows
+    (returns,) = [line for line in two.splitlines() if line.startswith("| bc [eval/return_mean] | 1 | 2 |")]
+    assert returns.endswith("| n/a |")  # an aggregate row: no optimality gap for returns
     # final = the final checkpoints evaluated again (offrl eval), cached beside each run
-    redone = run_cli(PYTHON, "-m", "benchmarks.table", str(tmp_path / "t"), "--reevaluate", "3", "--reeval-seed", "5").stdout
+    redone = table.main([str(root), "--reevaluate", "3", "--reeval-seed", "5", "--reps", "200"])
     assert "evaluated again by `offrl eval` with 3 episodes from reset seed 5" in redone
-    caches = sorted((tmp_path / "t" / "bc").glob("*/*/*/reeval-3ep-seed5.json"))
-    assert len(caches) == 2 and len(list((tmp_path / "t").glob("*/*/*/*/reeval-3ep-seed5.json"))) == 4
+    caches = sorted(root.glob("bc/*/*/*/reeval-3ep-seed5.json"))
+    assert len(caches) == 2
     reports = [json.loads(c.read_text()) for c in caches]
     assert all(r["episodes"] == 3 and r["seed"] == 5 for r in reports)
     mean = np.mean([r["results"]["eval"]["normalized_score"] for r in reports])
-    (bc_row,) = [line for line in redone.splitlines() if line.startswith("| bc |")]
+    (bc_row,) = [line for line in redone.splitlines() if line.startswith("| bc | offrl")]
     assert f"| {mean:.1f} ± " in bc_row
+
+
+def test_plots_cli_writes_the_pngs(sweeps, tmp_path):
+    written = run_cli(PYTHON, "-m", "benchmarks.plots", str(sweeps["root"] / "local"), "--out-dir", str(tmp_path / "p"),
+                      "--reps", "200").stdout.split()
+    assert sorted(p.rsplit("/", 1)[1] for p in written) == ["aggregates.png", "curves-offrl-tiny-v0.png", "profiles.png"]
+    assert all((tmp_path / "p" / name).exists() for name in ("aggregates.png", "profiles.png"))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
