@@ -4,8 +4,9 @@
 # one, 3 seeds each, every model-based run on that same cached ensemble (--model-seed 0).
 # Budgets are sized for a 2-core CPU without AVX-512 (python -m benchmarks.speed, one thread): a MOPO
 # step took 31 ms, a MOBILE step 282 ms, a RAVL step 409 ms, and a rollout round (50k states x 5 model
-# steps, every 1000 steps) 25 s; the paper's budget is 3M steps. The ensemble's training is capped at
-# MODEL_EPOCHS epochs (no cap: early stopping only, which had not stopped by epoch 92 here).
+# steps, every 1000 steps) 25 s; the paper's budget is 3M steps. On a 2-core Xeon with AVX-512 the whole
+# script took about 70 minutes (the model 20, then two or three runs at a time) with other work beside
+# it. The ensemble's training is capped at MODEL_EPOCHS epochs (no cap: early stopping only, which had not stopped by epoch 92 here).
 #   JOBS=2 benchmarks/model_based.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -31,5 +32,6 @@ slow=(python -m benchmarks.sweep --name model-based-mr-slow --out-dir "$out" --d
 "${fast[@]}"
 "${slow[@]}"
 python -m benchmarks.table "$out/model-based-mr" "$out/model-based-mr-slow" --out results/model-based-medium-replay.md \
+  --json results/model-based-medium-replay.json --plots results/model-based-medium-replay \
   --title "MOPO beside BC ($steps steps), MOBILE and RAVL ($slow_steps steps) on $ds" \
   --command "$(quoted "${fast[@]}"); $(quoted "${slow[@]}")"
