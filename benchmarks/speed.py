@@ -13,16 +13,48 @@ bfloat16 autocast (`--run.precision bf16`) against a bfloat16 matmul.
 
 Each algorithm module exposes `Config` and `Agent(cfg, data, device)` with `update(batch)`, or a
 `benchmark_step(cfg, data, device)` that returns one training step as its `train` runs it.
+
+End to end (`--end-to-end STEPS`, its own part `end-to-end` of the --markdown file): per algorithm a real
+run of about STEPS steps on --dataset (default offrl/hopper/medium-replay-v0), `python -m algos.<algo>`
+in a subprocess as `benchmarks.sweep` starts it, under `benchmarks.run_probe` (which times the loop, each
+evaluation and each checkpoint), then the update timing above for the same config (`--run-args`) on the
+same data. The rule that turns a short run into a full run's cost per step:
+
+- the run is started with `--eval.every 0 --run.checkpoint-every 0`: it evaluates and checkpoints once,
+  at its last step;
+- loop ms/step = the wall time of its steps after a warm-up of one period of the loop's periodic work
+  (lcm of --log.every, MOPO/MOBILE/RAVL's --rollout-every, RCSL's --holdout-every; STEPS is rounded up to
+  whole periods), less that last evaluation and checkpoint;
+- end to end ms/step = loop + (n_eval * t_eval + n_ckpt * t_ckpt) / S, where S, --eval.every and
+  --run.checkpoint-every are those of a full run at the algorithm's defaults (or as --run-args set them),
+  n = ceil(S / every) (1 for every = 0), t_ckpt the measured checkpoint and t_eval the measured evaluation
+  with its stepping scaled to episodes that all reach the env's time limit (an upper bound: a short run's
+  policy falls early, a trained one runs to the limit);
+- ratio = end to end / update ms; the goal is <= 1.10.
+
+Beside it: steps / final.json's wall_seconds, the process's wall time, its peak RSS (os.wait4's
+ru_maxrss) and peak CUDA memory. MOPO/MOBILE/RAVL are skipped unless their dynamics model is cached
+(OFFRL_MODELS) or `--model-path` is in --run-args (`--train-models` lets them train one).
+
+    python -m benchmarks.speed --end-to-end 3000 --algos bc td3_bc iql cql riql dt rcsl --threads 1 \\
+        --markdown results/speed.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import importlib
 import json
+import math
+import os
 import platform
+import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -129,8 +161,11 @@ WORLD_MODEL_STEPS = {"dynamics": dynamics_step, "rollout": rollout_step}
 
 
 def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
-                   batch_size: int | None = None, compile: bool = False, precision: str = "fp32") -> dict:
-    data = synthetic_data()
+                   batch_size: int | None = None, compile: bool = False, precision: str = "fp32",
+                   cfg=None, data: TrainingData | None = None) -> dict:
+    """Median ms per update of `algo`: with its default config on synthetic Hopper-sized data, or with
+    `cfg` (a parsed `Config`) on `data` (e.g. the run's own, `load_for_training`)."""
+    data = data if data is not None else synthetic_data()
     torch.manual_seed(0)
     if algo in WORLD_MODEL_STEPS:
         cfg = argparse.Namespace()
@@ -138,8 +173,9 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         module = None
     else:
         module = importlib.import_module(f"algos.{algo}")
-        cfg = module.Config()
-        cfg.run.compile = compile
+        if cfg is None:
+            cfg = module.Config()
+            cfg.run.compile = compile
         if batch_size:
             cfg.batch_size = batch_size
     if module is None:
@@ -186,7 +222,8 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", nargs="+", default=list(DEFAULT_ALGOS))
+    parser.add_argument("--algos", nargs="+", default=None,
+                        help=f"default: {' '.join(DEFAULT_ALGOS)}; with --end-to-end {' '.join(E2E_ALGOS)}")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, nargs="+", default=None,
                         help="torch CPU thread counts to measure in turn (default: torch's choice)")
@@ -202,11 +239,40 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n x n reference matmul")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file (results/)")
-    parser.add_argument("--section", default="updates",
+    parser.add_argument("--section", default=None,
                         help="the part of the --markdown file this table replaces (<!-- name --> ... <!-- /name -->); "
-                             "other parts are kept, so tables measured with different settings can share a file")
-    parser.add_argument("--title", default="Update speed", help="the table's heading")
+                             "other parts are kept, so tables measured with different settings can share a file "
+                             "(default: updates; with --end-to-end: end-to-end)")
+    parser.add_argument("--title", default=None, help="the table's heading (default: 'Update speed', with --end-to-end "
+                                                      "'End-to-end training speed')")
+    e2e = parser.add_argument_group("end to end (--end-to-end STEPS): real short training runs beside the update timing")
+    e2e.add_argument("--end-to-end", type=int, default=None, metavar="STEPS",
+                     help="per algorithm, train STEPS steps for real (python -m algos.<algo> in a subprocess, as "
+                          "benchmarks.sweep starts it) and report its ms/step with evaluations and checkpoints charged "
+                          "at a full run's default frequency, its peak RSS and CUDA memory, and the ratio to the "
+                          "update-only ms/step timed here for the same config and data (rule: module docstring)")
+    e2e.add_argument("--dataset", default="offrl/hopper/medium-replay-v0", help="dataset of the end-to-end runs")
+    e2e.add_argument("--run-args", default="",
+                     help="options for the runs and the update timing alike, e.g. '--hidden 64 64'; --steps here is "
+                          "the full run's budget over which evaluations and checkpoints are charged (default: the "
+                          "algorithm's), --eval.every and --run.checkpoint-every their frequencies")
+    e2e.add_argument("--e2e-warmup", type=int, default=None, metavar="STEPS",
+                     help="first steps of a run left out of its loop time (default: one period of its periodic work, "
+                          "the lcm of --log.every, MOPO/MOBILE/RAVL's --rollout-every and RCSL's --holdout-every)")
+    e2e.add_argument("--train-models", action="store_true",
+                     help="let MOPO/MOBILE/RAVL train a dynamics model that is not cached (default: skip them; a "
+                          "cached model is reused, or pass --model-path in --run-args)")
+    e2e.add_argument("--runs-dir", type=Path, default=None,
+                     help="keep the run folders and logs here (default: a temporary folder, removed afterwards)")
     args = parser.parse_args(argv)
+    argv = argv if argv is not None else sys.argv[1:]
+    if args.end_to_end is not None:
+        if args.precision != "fp32" or args.batch_size or args.compile:
+            parser.error("with --end-to-end, set the runs' options in --run-args (e.g. '--run.precision bf16 "
+                         "--batch-size 512 --run.compile'): they apply to the runs and the update timing alike")
+        return end_to_end(args, argv)
+    args.algos = args.algos or list(DEFAULT_ALGOS)
+    args.section, args.title = args.section or "updates", args.title or "Update speed"
     from offrl.config import resolve_device
 
     device = resolve_device(args.device)
@@ -241,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(report, indent=2))
     if args.markdown:
-        write_markdown(report, args.markdown, argv if argv is not None else sys.argv[1:], args.section, args.title)
+        write_markdown(report, args.markdown, argv, args.section, args.title)
     return report
 
 
@@ -289,6 +355,242 @@ def write_markdown(report: dict, path: Path, argv: list[str], section: str = "up
             lines.append(f"| {run['threads']} | {r['algo']} | {r['batch_size']} | {r['median_ms']:.2f} | {rounds} | "
                          f"{r['gflop_per_update']:.3f} | {r['update_gflops']:.0f} | {r['matmul_gflops']:.0f} | "
                          f"{100 * r['fraction_of_matmul']:.1f}% |")
+    write_section(path, section, "\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------- end to end
+
+E2E_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "mopo", "mobile", "ravl")
+"""The algorithms whose runs train on a dataset (SAC and WSRL train online; `dynamics` and `rollout` are no runs)."""
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_config(algo: str, dataset: str, device: str, threads: int, run_args: list[str]):
+    """The `Config` a run of `algo` with these options has, as its command line parses it."""
+    import tyro
+
+    module = importlib.import_module(f"algos.{algo}")
+    return tyro.cli(module.Config, args=["--dataset", dataset, "--device", device, "--run.threads", str(threads),
+                                         *run_args])
+
+
+def periodic_work(cfg) -> int:
+    """Steps after which a run's periodic work inside its loop repeats: the lcm of its logging, MOPO/MOBILE/RAVL's
+    rollout rounds and RCSL's hold-out checks (each with a checkpoint)."""
+    periods = (cfg.log.every, getattr(cfg, "rollout_every", 0), getattr(cfg, "holdout_every", 0))
+    return math.lcm(*(p for p in periods if p and p > 0))
+
+
+def events_per_run(steps: int, every: int) -> int:
+    """Evaluations (or checkpoints) a run of `steps` steps makes at `every` (offrl.run.Run._due): one at each
+    multiple of `every` and one at the last step; only the last when every = 0."""
+    return 1 if every <= 0 else steps // every + (steps % every != 0)
+
+
+def charged_evaluation_s(evaluation: dict) -> float:
+    """An evaluation's time with its stepping scaled to episodes that all reach the env's time limit: the vector
+    env steps until its longest episode ends, so the stepping time grows with that episode's length."""
+    total = evaluation["end"] - evaluation["start"]
+    stepping, steps, limit = evaluation.get("stepping_s"), evaluation.get("vector_steps"), evaluation.get("limit")
+    if stepping is None or not steps or not limit or steps >= limit:
+        return total
+    return total - stepping + stepping * limit / steps
+
+
+def wait_for(proc: subprocess.Popen) -> tuple[int, object]:
+    """Wait for a child (os.wait4) and return its exit code and resource usage (ru_maxrss: its peak RSS)."""
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # Ctrl-C: a run stopped by SIGTERM checkpoints and exits
+        proc.terminate()
+        proc.wait()
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage
+
+
+def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
+    """One algorithm end to end: a real run in a subprocess under benchmarks.run_probe, then the update timing of
+    the same config on the same data in this process; the row of the table (or why it has none)."""
+    from benchmarks import run_probe
+    from benchmarks.sweep import Job
+
+    row = {"algo": algo, "threads": threads}
+    if algo not in E2E_ALGOS:
+        return {**row, "skipped": f"not an offline run (end to end covers {', '.join(E2E_ALGOS)})"}
+    run_args = shlex.split(args.run_args)
+    cfg = run_config(algo, args.dataset, args.device, threads, run_args)
+    period = periodic_work(cfg)
+    warmup = period if args.e2e_warmup is None else args.e2e_warmup
+    steps = warmup + max(1, math.ceil((args.end_to_end - warmup) / period)) * period  # whole periods measured
+    row |= {"steps": steps, "warmup": warmup, "period": period, "full_steps": cfg.steps, "eval_every": cfg.eval.every,
+            "eval_episodes": cfg.eval.episodes, "checkpoint_every": cfg.run.checkpoint_every,
+            "log_every": cfg.log.every, "precision": cfg.run.precision, "batch_size": getattr(cfg, "batch_size", None)}
+    # the run as benchmarks.sweep starts it (wandb disabled, no progress line), evaluating and checkpointing only
+    # at its last step; a new run folder each time (no --resume auto)
+    job = Job("speed", algo, [*run_args, "--steps", str(steps), "--eval.every", "0", "--run.checkpoint-every", "0"],
+              args.dataset, 0, steps, runs_dir / f"{threads}-threads")
+    command = job.command(["--device", args.device], threads)
+    del command[command.index("--resume"):command.index("--resume") + 2]
+    command[1:3] = ["-m", "benchmarks.run_probe", f"algos.{algo}"]
+    job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    probe_path, log_path = job.run_dir.parent / f"{algo}-probe.json", job.run_dir.parent / f"{algo}.log"
+    probe_path.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "OFFRL_PROBE": str(probe_path), "OFFRL_PROBE_WARMUP": str(warmup),
+           "OFFRL_PROBE_NO_MODEL_TRAINING": "0" if args.train_models else "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    print(f"end to end: {algo}, {steps} steps at {threads} thread(s), log {log_path}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    code, usage = wait_for(proc)
+    row["process_wall_s"] = time.perf_counter() - start
+    row["peak_rss_mib"] = usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB on Linux
+    probe = json.loads(probe_path.read_text()) if probe_path.exists() else {}
+    if code == run_probe.NO_MODEL_EXIT and probe.get("skipped"):
+        return {**row, "skipped": probe["skipped"]}
+    if code != 0 or not probe.get("loop", {}).get("t_warm"):
+        tail = " | ".join(log_path.read_text().strip().splitlines()[-5:]) if log_path.exists() else ""
+        return {**row, "error": f"exit {code} (log {log_path}): {tail}"}
+
+    loop = probe["loop"]
+    last = loop["last_step"]
+    evaluations = [e for e in probe["evaluations"] if e["step"] == last]
+    # the last step's checkpoint that --run.checkpoint-every 0 asked for; forced ones (RCSL's at each hold-out
+    # check) are the loop's periodic work and stay in it
+    checkpoints = [c for c in probe["checkpoints"] if c["step"] == last and not c["force"]]
+    inside = sum(w["end"] - w["start"] for w in evaluations + checkpoints
+                 if loop["t_warm"] <= w["start"] and w["end"] <= loop["t_end"])
+    measured = last - loop["start_step"] - warmup
+    row["loop_ms"] = 1000 * (loop["t_end"] - loop["t_warm"] - inside) / measured
+    row["evaluation_s"] = sum(e["end"] - e["start"] for e in evaluations)
+    row["evaluation_charged_s"] = sum(map(charged_evaluation_s, evaluations))
+    row["evaluation_episode_steps"] = [e.get("vector_steps") for e in evaluations]
+    row["evaluation_limit"] = next((e["limit"] for e in evaluations if e.get("limit")), None)
+    row["checkpoint_s"] = sum(c["end"] - c["start"] for c in checkpoints)
+    row["evaluations"] = events_per_run(cfg.steps, cfg.eval.every) if evaluations else 0
+    row["checkpoints"] = events_per_run(cfg.steps, cfg.run.checkpoint_every) if checkpoints else 0
+    row["end_to_end_ms"] = row["loop_ms"] + 1000 * (row["evaluations"] * row["evaluation_charged_s"]
+                                                    + row["checkpoints"] * row["checkpoint_s"]) / cfg.steps
+    final = json.loads((Path(loop["run_dir"]) / "final.json").read_text())
+    row["run_wall_s"] = final["wall_seconds"]
+    row["run_steps_per_s"] = (last - loop["start_step"]) / final["wall_seconds"]
+    row["peak_cuda_mib"] = probe["cuda"]["peak_allocated"] / 2**20 if probe.get("cuda") else None
+
+    from offrl.config import resolve_device
+    from offrl.data import load_for_training
+
+    torch.set_num_threads(threads)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    timings = [time_algorithm(algo, resolve_device(cfg.device), args.warmup, args.blocks, args.per_block,
+                              cfg=copy.deepcopy(cfg), data=data, precision=cfg.run.precision)
+               for _ in range(args.rounds)]
+    row["update_ms"] = statistics.median(t["median_ms"] for t in timings)
+    row["update_round_ms"] = [t["median_ms"] for t in timings]
+    row["ratio"] = row["end_to_end_ms"] / row["update_ms"]
+    return row
+
+
+def end_to_end(args, argv: list[str]) -> dict:
+    algos = args.algos or list(E2E_ALGOS)
+    report = {"device": args.device, "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+              "dataset": args.dataset, "run_args": args.run_args, "end_to_end_steps": args.end_to_end, "rows": []}
+    if args.device != "cpu":
+        from offrl.config import resolve_device
+
+        device = resolve_device(args.device)
+        report["device"] = str(device) if device.type == "cpu" else torch.cuda.get_device_name(device)
+    threads_before = torch.get_num_threads()
+    with contextlib.ExitStack() as stack:
+        temporary = None if args.runs_dir else stack.enter_context(tempfile.TemporaryDirectory(prefix="offrl-speed-"))
+        runs_dir = Path(args.runs_dir or temporary).resolve()
+        try:
+            for threads in args.threads or [1]:  # a run's default: one thread
+                for algo in algos:
+                    report["rows"].append(measure_run(algo, args, threads, runs_dir))
+                    if not args.json:
+                        print(format_end_to_end_row(report["rows"][-1]), flush=True)
+        finally:
+            torch.set_num_threads(threads_before)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    if args.markdown:
+        write_end_to_end_markdown(report, args.markdown, argv, args.section or "end-to-end",
+                                  args.title or "End-to-end training speed")
+    return report
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _evaluation_cell(r: dict) -> str:
+    if not r["evaluations"]:
+        return "-"
+    lengths = ", ".join(str(n) for n in r["evaluation_episode_steps"])
+    return (f"{r['evaluations']} × {r['evaluation_charged_s']:.2f} ({r['evaluation_s']:.2f} measured, "
+            f"{lengths} of {r['evaluation_limit'] or '?'} steps)")
+
+
+def format_end_to_end_row(r: dict) -> str:
+    if "skipped" in r or "error" in r:
+        why = f"skipped: {r['skipped']}" if "skipped" in r else f"FAILED: {r['error']}"
+        return f"{r['algo']:8s} {r['threads']} thread(s): {why}"
+    return (f"{r['algo']:8s} {r['threads']} thread(s): update {r['update_ms']:.2f} ms, loop {r['loop_ms']:.2f} ms/step, "
+            f"end to end {r['end_to_end_ms']:.2f} ms/step (x{r['ratio']:.3f}); evaluations {_evaluation_cell(r)} s, "
+            f"checkpoints {r['checkpoints']} × {r['checkpoint_s']:.2f} s over {r['full_steps']} steps; "
+            f"run {r['run_steps_per_s']:.1f} steps/s, process {r['process_wall_s']:.1f} s, "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB, peak CUDA {_mib(r['peak_cuda_mib'])} MiB")
+
+
+def write_end_to_end_markdown(report: dict, path: Path, argv: list[str], section: str = "end-to-end",
+                              title: str = "End-to-end training speed") -> None:
+    heading = "#" if section == "updates" else "##"
+    run_args = f", run options `{report['run_args']}`" if report["run_args"].strip() else ""
+    lines = [f"{heading} {title} ({report['device']}, {report['processor']}, torch {report['torch']})", "",
+             f"Generated by `python -m benchmarks.speed {shlex.join(argv)}` on {time.strftime('%Y-%m-%d')}. "
+             f"Each algorithm trains for real on {report['dataset']}: `python -m algos.<algo>` as `benchmarks.sweep` "
+             f"starts it (seed 0, `--run.threads` as the table says, wandb disabled, no progress line{run_args}), in a "
+             "subprocess through `benchmarks.run_probe`, which runs the module unchanged and reads a clock around the "
+             "loop and each evaluation and checkpoint. **Rule.** The run is started with `--eval.every 0 --run.checkpoint-every 0`, so "
+             "it evaluates and checkpoints once, at its last step. *Loop ms/step*: the wall time of its steps after a "
+             "warm-up of one period of the loop's periodic work (logging every `--log.every`, MOPO/MOBILE/RAVL's "
+             "rollout rounds, RCSL's hold-out checks with their checkpoints; the steps run are rounded up to whole "
+             "periods), less that final evaluation and checkpoint: sampling, the update, logging and the periodic "
+             "work. *End to end* = loop + (n_eval × t_eval + n_ckpt × t_ckpt) / S, with S, `--eval.every` and "
+             "`--run.checkpoint-every` the algorithm's defaults (column 'full run'), n = ceil(S / every) (1 when "
+             "every = 0: only at the end), t_ckpt the final checkpoint's time and t_eval the final evaluation's, its "
+             "stepping scaled to episodes that all run to the env's time limit (the vector env steps until its "
+             "longest episode ends; a short run's policy falls early, a trained one runs to the limit), so an upper "
+             "bound on what a full run's evaluations cost. *Update*: this benchmark's update timing (sample + "
+             "gradient step after warm-up, median of blocks, as in 'Update speed') in the same invocation, for the "
+             "same config on the same data. Ratio = end to end / update; the goal is ≤ 1.10. Run steps/s = steps / "
+             "final.json's wall_seconds (the run's own clock, after its setup, with its one evaluation and checkpoint "
+             "uncharged); process wall: the subprocess from start to exit (imports, dataset and model loading); peak "
+             "RSS: the child's ru_maxrss (os.wait4); peak CUDA: torch.cuda.max_memory_allocated in the child. "
+             "MOPO, MOBILE and RAVL run only with their dynamics model cached (OFFRL_MODELS; `python -m "
+             "world_models.train`) or given (`--model-path` in `--run-args`), and their loop holds the rollout rounds, "
+             "which the update timing leaves out.", "",
+             "| threads | algo | steps (warm-up) | update ms | loop ms/step | full run: steps, eval every, checkpoint "
+             "every | evaluations × s charged (measured, episode steps of limit) | checkpoints × s | end to end ms/step "
+             "| end to end / update | run steps/s (final.json) | process wall s | peak RSS MiB | peak CUDA MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in report["rows"]:
+        if "skipped" in r or "error" in r:
+            notes.append(f"- {r['algo']} ({r['threads']} thread(s)): "
+                         + (f"skipped, {r['skipped']}" if "skipped" in r else f"failed, {r['error']}"))
+            continue
+        lines.append(f"| {r['threads']} | {r['algo']} | {r['steps']} ({r['warmup']}) | {r['update_ms']:.2f} | "
+                     f"{r['loop_ms']:.2f} | {r['full_steps']}, {r['eval_every']}, {r['checkpoint_every']} | "
+                     f"{_evaluation_cell(r)} | {r['checkpoints']} × {r['checkpoint_s']:.2f} | "
+                     f"{r['end_to_end_ms']:.2f} | "
+                     f"{r['ratio']:.3f} | {r['run_steps_per_s']:.1f} | {r['process_wall_s']:.1f} | "
+                     f"{r['peak_rss_mib']:.0f} | {_mib(r['peak_cuda_mib'])} |")
+    if notes:
+        lines += ["", "Not measured:", "", *notes]
     write_section(path, section, "\n".join(lines))
 
 

@@ -326,3 +326,88 @@ def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path
     assert "| 1 | dynamics | 8 |" in table and "## Model-based updates (cpu" in table
     assert table.startswith("<!-- updates -->\nmodel-free table\n<!-- /updates -->")  # the other part is kept
     assert "<!-- model-based -->" in table and "nan: FLOPs not countable" in table
+
+
+def test_end_to_end_charges_evaluations_and_checkpoints_as_a_full_run_makes_them():
+    from benchmarks import speed
+
+    assert speed.events_per_run(1_000_000, 5000) == 200 and speed.events_per_run(10_500, 5000) == 3
+    assert speed.events_per_run(200_000, 0) == 1  # every = 0: only at the end
+    evaluation = {"start": 10.0, "end": 13.0, "stepping_s": 2.0, "vector_steps": 100, "limit": 1000}
+    assert speed.charged_evaluation_s(evaluation) == pytest.approx(1.0 + 20.0)  # stepping scaled to the time limit
+    assert speed.charged_evaluation_s({**evaluation, "vector_steps": 1000}) == pytest.approx(3.0)
+    rcsl = speed.run_config("rcsl", "offrl/tiny-v0", "cpu", 1, [])
+    assert speed.periodic_work(rcsl) == 2000  # the lcm of logging every 1000 and hold-out checks every 2000
+
+
+def test_speed_end_to_end_reports_a_real_run_beside_its_update_time(tiny, tmp_path, monkeypatch):
+    """A smoke run (no timing is asserted): a real 40-step TD3+BC run through `python -m algos.td3_bc` gives a row
+    with a finite ratio and a peak RSS; MOPO without a cached dynamics model is skipped, not trained."""
+    import math
+
+    import torch
+
+    from benchmarks import speed
+
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))  # empty
+    threads = torch.get_num_threads()
+    try:
+        report = speed.main(["--end-to-end", "40", "--e2e-warmup", "10", "--algos", "td3_bc", "mopo", "--dataset", tiny,
+                             "--run-args", "--hidden 16 16 --log.every 10 --eval.episodes 2", "--warmup", "1",
+                             "--blocks", "1", "--per-block", "2", "--markdown", str(tmp_path / "speed.md"),
+                             "--runs-dir", str(tmp_path / "runs")])
+    finally:
+        torch.set_num_threads(threads)
+    td3, mopo = report["rows"]
+    assert "error" not in td3 and "skipped" not in td3, td3
+    assert td3["steps"] == 40 and td3["warmup"] == 10 and td3["full_steps"] == 1_000_000
+    assert math.isfinite(td3["ratio"]) and td3["ratio"] > 0 and td3["update_ms"] > 0
+    assert td3["end_to_end_ms"] >= td3["loop_ms"] > 0 and td3["peak_rss_mib"] > 50 and td3["peak_cuda_mib"] is None
+    assert td3["evaluations"] == 200 and td3["checkpoints"] == 20  # TD3+BC's defaults: eval every 5000, checkpoint 50000
+    assert td3["evaluation_s"] > 0 and td3["checkpoint_s"] > 0 and td3["run_steps_per_s"] > 0
+    assert "no cached dynamics model" in mopo["skipped"] and not (tmp_path / "models").exists()
+    run_dir = tmp_path / "runs" / "1-threads" / "speed" / "td3_bc" / "offrl-tiny-v0" / "0-sweep"
+    assert json.loads((run_dir / "final.json").read_text())["steps"] == 40
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["eval"]["every"] == 0 and config["run"]["checkpoint_every"] == 0 and config["hidden"] == [16, 16]
+    table = (tmp_path / "speed.md").read_text()
+    assert table.startswith("<!-- end-to-end -->\n## End-to-end training speed (cpu")
+    assert "| 1 | td3_bc | 40 (10) |" in table and "- mopo (1 thread(s)): skipped, no cached dynamics model" in table
+
+
+def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(tmp_path):
+    """benchmarks/grid.sh with DRY_RUN=1 runs nothing: its sweeps cover ten algorithms x nine datasets x 3 seeds
+    in four budget classes, and every run's options parse for its algorithm; ONLY and DATASETS cut a slice."""
+    import os
+    import shlex
+    import subprocess
+
+    import tyro
+
+    from benchmarks import speed, sweep
+
+    def dry(**env):
+        text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "runs")], check=True,
+                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env}).stdout
+        return [shlex.split(line) for line in text.splitlines()]
+
+    lines = dry()
+    sweeps = [line for line in lines if line[:3] == ["python", "-m", "benchmarks.sweep"]]
+    assert [line[line.index("--name") + 1] for line in sweeps] == ["grid-fast", "grid-slow", "grid-mopo", "grid-mb-slow"]
+    algos = []
+    for line in sweeps:
+        datasets = line[line.index("--datasets") + 1:line.index("--seeds")]
+        assert len(datasets) == 9 and line[line.index("--seeds") + 1:line.index("--steps")] == ["0", "1", "2"]
+        common = shlex.split(line[line.index("--common") + 1])
+        for label, algo, extra in (sweep.parse_variant(line[i + 1]) for i, x in enumerate(line) if x == "--variant"):
+            module = __import__(f"algos.{algo}", fromlist=["Config"])
+            tyro.cli(module.Config, args=["--dataset", datasets[0], *common, *extra])  # exits on an unknown option
+            algos.append(label)
+    assert sorted(algos) == sorted("bc td3_bc iql cql riql dt rcsl mopo mobile ravl".split())
+    assert sum(line[:3] == ["python", "-m", "world_models.train"] for line in lines) == 9
+    assert lines[-1][:3] == ["python", "-m", "benchmarks.table"] and "results/grid/grid.json" in lines[-1]
+    part = dry(ONLY="iql cql", DATASETS="offrl/hopper/medium-v0", BF16="cql")
+    sweeps = [line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]]
+    assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql", "cql-bf16=cql --run.precision bf16"]
+    assert not any("world_models.train" in line for line in part)
+    assert all(line[line.index("--datasets") + 1:line.index("--seeds")] == ["offrl/hopper/medium-v0"] for line in sweeps)

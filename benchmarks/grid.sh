@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The committed benchmark grid: BC, TD3+BC, IQL, CQL, RIQL, DT, RCSL, MOPO, MOBILE and RAVL on hopper,
+# halfcheetah and walker2d x medium, medium-replay and medium-expert (the offrl suite, made first), 3 seeds,
+# one table with JSON and plots in results/grid/. Resumable: rerun the same command after an interruption;
+# finished runs are skipped, interrupted ones continue from their last checkpoint, a killed dynamics-model
+# training from its last epoch. The table regenerates byte-for-byte from the run folders.
+#
+#   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR runs-grid)
+#   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
+#   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
+#
+# Budget classes, one benchmarks.sweep each, sized for a 2-core CPU with AVX-512 (2 one-thread runs at a
+# time, --spread-threads at each sweep's tail) to finish in about 3 days. ms/update at 1 thread in fp32 from
+# results/speed.md ("Update speed"); MOPO/MOBILE/RAVL are not in it, so their figures are the AVX2 machine's
+# (benchmarks/model_based.sh: update + a 50k-state rollout round every 1000 steps, ~25 ms a step), an upper
+# bound here. Each class: ms x steps x 9 datasets x 3 seeds x 1.10 (evaluations, logging, checkpoints: the
+# goal of `python -m benchmarks.speed --end-to-end`) / 2 jobs:
+#
+#   sweep          algorithms: ms/update at 1 thread          steps   core-hours (sum ms)   wall hours
+#   grid-fast      bc 1.36, td3_bc 5.37, iql 7.40,           100000   40.3 (48.79)          20.1
+#                  riql 14.68, rcsl 19.98 (at most: RCSL
+#                  stops early on its hold-out loss)
+#   grid-slow      cql 200.89, dt 197.65                      10000   32.9 (398.54)         16.4
+#   grid-mopo      mopo 31 + 25 (AVX2)                        20000    9.2 (56)              4.6
+#   grid-mb-slow   mobile 282 + 25, ravl 409 + 25 (AVX2)       3000   18.3 (741)             9.2
+#   models         9 dynamics ensembles (one per dataset, seed 0, shared by MOPO/MOBILE/RAVL and their
+#                  seeds), at most MODEL_EPOCHS = 50 epochs of ~N/256 steps (9.3M rows in all: 36.4k steps
+#                  an epoch) at ~19 ms a step (1.4 GFLOP at ~75 GFLOP/s; an estimate, not measured:
+#                  `python -m benchmarks.speed --algos dynamics --threads 1`):    9.6                    4.8
+#   datasets       the 9, and the 3 expert ones medium-expert is made from (results/datasets.md)      0.5
+#   total          ~56 h of wall time; the rest of the 3 days is margin for the estimated figures above.
+#
+# The papers train 1M steps (DT 100k, MOPO/MOBILE/RAVL 3M); these budgets are far below, and the table says
+# which each row had. DT gets a 1k-step learning-rate warm-up (its default 10k would fill its budget), as in
+# benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), about 10 times per run.
+# Model-based checkpoints hold the model buffer (up to 50k x 5 x 5 rows): about 20 GB for all their run folders.
+#
+# Precision: fp32. This CPU has AVX-512 but no native bfloat16 (no AVX512-BF16 or AMX), where bf16 matmuls are
+# emulated and far slower. On a CPU that has it, BF16="cql dt" runs CQL and DT (2.8x and 2.3x faster updates
+# there, results/speed-bf16.md) under --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run
+# folders (a run cannot change precision when resumed); the table's precision column says which.
+#
+# Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics, ~1.2 s a
+# step here) and ~0.2 s per online env step (benchmarks/wsrl.sh), over 50 h for even 10k + 10k steps on 27
+# runs; benchmarks/wsrl.sh runs it on one dataset.
+#
+# Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
+# under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
+# above), DRY_RUN=1 (print the commands instead of running them).
+set -euo pipefail
+quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
+out=${1:-runs-grid}
+jobs=${JOBS:-2}
+fast_steps=${FAST_STEPS:-100000}
+slow_steps=${SLOW_STEPS:-10000}
+mopo_steps=${MOPO_STEPS:-20000}
+mb_slow_steps=${MB_SLOW_STEPS:-3000}
+model_epochs=${MODEL_EPOCHS:-50}
+bf16=${BF16:-}
+dry=${DRY_RUN:-0}
+all_algos="bc td3_bc iql cql riql dt rcsl mopo mobile ravl"
+only=${ONLY:-$all_algos}
+all_datasets=()
+for env in hopper halfcheetah walker2d; do
+  for level in medium medium-replay medium-expert; do all_datasets+=("offrl/$env/$level-v0"); done
+done
+read -r -a datasets <<< "${DATASETS:-${all_datasets[*]}}"
+for algo in $only $bf16; do
+  case " $all_algos " in *" $algo "*) ;; *) echo "unknown algorithm '$algo' (known: $all_algos)" >&2; exit 2 ;; esac
+done
+wanted() { case " $only " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+run() {  # run a command, or with DRY_RUN=1 print it
+  if [ "$dry" = 1 ]; then echo "$(quoted "$@")"; else "$@"; fi
+}
+if [ -n "$bf16" ] && [ "$dry" != 1 ] && ! grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
+  echo "warning: BF16='$bf16' on a CPU without native bfloat16: those runs will be far slower than in fp32" >&2
+fi
+
+# A variant per selected algorithm: label=algo [options]; under BF16 the label gets -bf16.
+variants() {  # CLASS_ALGOS... -> --variant arguments on stdout, one per line
+  local algo label extra
+  for algo in "$@"; do
+    wanted "$algo" || continue
+    label=$algo extra=""
+    case $algo in
+      dt) extra="--warmup-steps 1000" ;;
+      mopo | mobile | ravl) extra="--model-seed 0 --model.max-epochs $model_epochs" ;;
+    esac
+    case " $bf16 " in *" $algo "*) label="$algo-bf16" extra="${extra:+$extra }--run.precision bf16" ;; esac
+    printf '%s\n' --variant "$label=$algo${extra:+ $extra}"
+  done
+}
+sweep() {  # NAME STEPS COMMON CLASS_ALGOS... : one benchmarks.sweep over the selected algorithms of a class
+  local name=$1 steps=$2 common=$3
+  shift 3
+  local chosen=()
+  mapfile -t chosen < <(variants "$@")
+  [ ${#chosen[@]} -gt 0 ] || return 0
+  run python -m benchmarks.sweep --name "$name" --out-dir "$out" --datasets "${datasets[@]}" --seeds 0 1 2 \
+    --steps "$steps" --jobs "$jobs" --spread-threads --common "$common" "${chosen[@]}"
+}
+
+# 1. datasets (each made once; a made one is skipped)
+for ds in "${datasets[@]}"; do run python -m offrl.cli datasets make "$ds"; done
+
+# 2. one dynamics model per dataset for MOPO/MOBILE/RAVL, JOBS at a time (cached; reused by every run)
+if wanted mopo || wanted mobile || wanted ravl; then
+  [ "$dry" = 1 ] || mkdir -p "$out/grid-models"
+  pids=()
+  for ds in "${datasets[@]}"; do
+    model=(python -m world_models.train --dataset "$ds" --seed 0 --model.max-epochs "$model_epochs" --threads 1)
+    log="$out/grid-models/${ds//\//-}.log"
+    if [ "$dry" = 1 ]; then echo "$(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "${model[@]}" > "$log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do  # a failed training stops the script here (its log says why)
+    wait "$pid" || { echo "a dynamics model training failed; see $out/grid-models/*.log" >&2; exit 1; }
+  done
+fi
+
+# 3. the sweeps, one per budget class
+sweep grid-fast "$fast_steps" "--eval.every 10000 --eval.episodes 10 --run.checkpoint-every 5000" \
+  bc td3_bc iql riql rcsl
+sweep grid-slow "$slow_steps" "--eval.every 1000 --eval.episodes 10 --run.checkpoint-every 250" cql dt
+sweep grid-mopo "$mopo_steps" "--eval.every 2000 --eval.episodes 10 --run.checkpoint-every 1000" mopo
+sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.checkpoint-every 250" mobile ravl
+
+# 4. the table from every finished run of the grid (whatever slices have run so far). The caption quotes
+# the budgets, not JOBS/ONLY/DATASETS, which do not change what a finished run holds, so the same run
+# folders give the same bytes.
+canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps MB_SLOW_STEPS=$mb_slow_steps"
+canonical+=" MODEL_EPOCHS=$model_epochs${bf16:+ BF16='$bf16'} benchmarks/grid.sh $out"
+run python -m benchmarks.table "$out/grid-fast" "$out/grid-slow" "$out/grid-mopo" "$out/grid-mb-slow" \
+  --out results/grid/grid.md --json results/grid/grid.json --plots results/grid/plots \
+  --title "Offline RL grid: 10 algorithms on hopper, halfcheetah, walker2d x medium, medium-replay, medium-expert, 3 seeds, CPU budgets" \
+  --command "$canonical"
