@@ -33,5 +33,5 @@ slow=(python -m benchmarks.sweep --name model-based-mr-slow --out-dir "$out" --d
 "${slow[@]}"
 python -m benchmarks.table "$out/model-based-mr" "$out/model-based-mr-slow" --out results/model-based-medium-replay.md \
   --json results/model-based-medium-replay.json --plots results/model-based-medium-replay \
-  --title "MOPO beside BC ($steps steps), MOBILE and RAVL ($slow_steps steps) on $ds" \
+  --title "MOPO beside BC ($steps steps), MOBILE and RAVL ($slow_steps steps) on $ds; the papers train 3M steps" \
   --command "$(quoted "${fast[@]}"); $(quoted "${slow[@]}")"
