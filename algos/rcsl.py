@@ -159,7 +159,8 @@ class RCSL:
         self.holdout = torch.as_tensor(order[:n_holdout], device=device)
         self.train_rows = torch.as_tensor(order[n_holdout:], device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.optimizer = torch.optim.AdamW(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           fused=torch.device(device).type in ("cpu", "cuda"))
         self.best_loss, self.best_state, self.checks_without_improvement = float("inf"), None, 0
 
     def update(self, batch_size: int) -> dict[str, torch.Tensor]:

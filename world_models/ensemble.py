@@ -178,7 +178,8 @@ class EnsembleTrainer:
         self.targets = torch.as_tensor(targets, device=device)
         model.set_input_statistics(self.inputs[torch.as_tensor(self.train_rows, device=device)])
         self.bootstrap = self.rng.integers(len(self.train_rows), size=(cfg.members, len(self.train_rows)))
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        # fused: CPU's default single-tensor Adam took 12% of a step (python -m benchmarks.speed --algos dynamics)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=torch.device(device).type in ("cpu", "cuda"))
         self.best = np.full(cfg.members, np.inf)
         self.snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if is_per_member(k, v, cfg.members)}
         self.epoch, self.epochs_without_improvement = 0, 0
