@@ -114,7 +114,7 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precis
 def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None):
     """One gradient step of the dynamics ensemble (world_models.ensemble, default config): every member
     on its own `batch_size` transitions (default 256)."""
-    from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, transitions_to_training
+    from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, make_optimizer, transitions_to_training
 
     cfg = EnsembleConfig()
     batch_size = batch_size or cfg.batch_size
@@ -123,7 +123,7 @@ def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | No
     inputs, targets = (torch.as_tensor(x, device=device) for x in
                        transitions_to_training(ds.observations, ds.actions, ds.rewards, ds.next_observations))
     model.set_input_statistics(inputs)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = make_optimizer(model, cfg)  # the trainer's own
     generator = torch.Generator(device=device).manual_seed(0)
 
     def update():
