@@ -134,11 +134,7 @@ def sample_rows(buffer: ReplayBuffer, batch_size: int,
     (Cal-QL's return-to-go), or None when there is none."""
     if values is None:
         return buffer.sample(batch_size), None
-    if buffer.cdf is None:  # the index ReplayBuffer.sample draws, with its generator
-        index = torch.randint(buffer.size, (batch_size,), device=buffer.device, generator=buffer.generator)
-    else:
-        u = torch.rand(batch_size, dtype=torch.float64, device=buffer.device, generator=buffer.generator)
-        index = torch.searchsorted(buffer.cdf, u, right=True).clamp_(max=buffer.size - 1)
+    index = buffer.sample_index(batch_size)
     return buffer.gather(index), values[index]
 
 

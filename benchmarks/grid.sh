@@ -40,8 +40,8 @@
 # there, results/speed-bf16.md) under --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run
 # folders (a run cannot change precision when resumed); the table's precision column says which.
 #
-# Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics, ~1.2 s a
-# step here) and ~0.2 s per online env step (benchmarks/wsrl.sh), over 50 h for even 10k + 10k steps on 27
+# Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics, 3.7 s a
+# step measured here beside two other runs) and ~0.2 s per online env step (benchmarks/wsrl.sh), over 50 h for even 10k + 10k steps on 27
 # runs; benchmarks/wsrl.sh runs it on one dataset.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms

@@ -3,8 +3,9 @@
 # (10 LayerNorm critics, a 2-of-10 target, max-target backup), then four online variants from the same
 # checkpoints, same env-step budget and seeds: WSRL (warm-up, no offline data), retaining the offline data
 # (ratio 0.5), no warm-up, and SAC from scratch. Learning curves (PNG) and a table into results/.
-# The paper runs 250k offline and 500k online steps. On one thread of a 2-core AVX-512 CPU the pre-training
-# step took about 1.2 s and an online env step (batch 1024, UTD 4, 10 critics) about 0.2 s, so the defaults
+# The paper runs 250k offline and 500k online steps. On a 2-core AVX-512 CPU shared with two other 1-thread
+# runs, a pre-training step took 3.7 s and an online env step (batch 1024, UTD 4, 10 critics) about 0.2 s,
+# both at one thread and not measured alone (time yours with benchmarks.speed before choosing), so the defaults
 # here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of that; set them for your machine (a GPU: --device cuda
 # through COMMON). DATASET and RESULTS (a path without suffix) move it to other data. Resumable: rerun after an
 # interruption.

@@ -72,3 +72,13 @@ def assert_reevaluation_reproduces(run_dir):
         for key in ("return_mean", "length_mean"):
             assert result[key] == pytest.approx(final[f"{name}/{key}"], rel=1e-6), (name, key, result, final)
     return report
+
+
+def saved_step(path):
+    """The step the checkpoint at `path` holds, or None while it is missing or being replaced."""
+    from offrl import checkpoint as ckpt
+
+    try:
+        return ckpt.load(path)["step"]
+    except Exception:
+        return None

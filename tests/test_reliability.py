@@ -16,7 +16,7 @@ import torch
 
 from offrl import checkpoint as ckpt
 
-from conftest import PYTHON, ROOT, run_cli
+from conftest import PYTHON, ROOT, saved_step
 
 INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
 QUIET = ["--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1"]
@@ -43,13 +43,6 @@ def the_run(base):
     runs = [p for p in base.glob("*/*/*") if p.is_dir()]
     assert len(runs) == 1, runs
     return runs[0]
-
-
-def saved_step(path):
-    try:
-        return ckpt.load(path)["step"]
-    except Exception:
-        return None
 
 
 def kill_after_checkpoint(proc, base, step, timeout=120):

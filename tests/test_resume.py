@@ -13,7 +13,7 @@ import torch
 from offrl import checkpoint as ckpt
 from offrl.errors import CheckpointError, TrainingDiverged
 
-from conftest import PYTHON, ROOT, run_cli
+from conftest import PYTHON, ROOT, run_cli, saved_step
 
 COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
@@ -35,13 +35,6 @@ def only_run(base):
     return runs[0]
 
 
-def checkpoint_step(path):
-    try:
-        return ckpt.load(path)["step"]
-    except Exception:
-        return None
-
-
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM])
 def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     """SIGKILL: resume from the last periodic checkpoint. SIGTERM: the run checkpoints the step it was
@@ -57,7 +50,7 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     deadline = time.time() + 120
     while time.time() < deadline:
         found = list(killed.glob("td3_bc/*/*/checkpoints/last.pt"))
-        step = checkpoint_step(found[0]) if found else None
+        step = saved_step(found[0]) if found else None
         if step is not None and step >= 300:
             break
         time.sleep(0.02)
@@ -65,7 +58,7 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     code = proc.wait()
     run_dir = only_run(killed)
     assert not (run_dir / "final.json").exists(), "the run finished before it could be interrupted"
-    interrupted_at = checkpoint_step(run_dir / "checkpoints" / "last.pt")
+    interrupted_at = saved_step(run_dir / "checkpoints" / "last.pt")
     assert interrupted_at < 1600
     if stop == signal.SIGTERM:
         assert code == 128 + signal.SIGTERM

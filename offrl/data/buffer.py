@@ -82,12 +82,15 @@ class ReplayBuffer:
         self.cdf = cdf / cdf[-1]
 
     def sample(self, batch_size: int) -> Batch:
+        return self.gather(self.sample_index(batch_size))
+
+    def sample_index(self, batch_size: int) -> torch.Tensor:
+        """The rows `sample` draws (uniform, or by the sampling weights), for callers that also need the
+        same rows of a per-transition tensor of their own."""
         if self.cdf is None:
-            index = torch.randint(self.size, (batch_size,), device=self.device, generator=self.generator)
-        else:
-            u = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=self.generator)
-            index = torch.searchsorted(self.cdf, u, right=True).clamp_(max=self.size - 1)
-        return self.gather(index)
+            return torch.randint(self.size, (batch_size,), device=self.device, generator=self.generator)
+        u = torch.rand(batch_size, dtype=torch.float64, device=self.device, generator=self.generator)
+        return torch.searchsorted(self.cdf, u, right=True).clamp_(max=self.size - 1)
 
     def gather(self, index: torch.Tensor) -> Batch:
         obs, act, rew, next_obs, term = self.storage[index].split(self._split, dim=1)
