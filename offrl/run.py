@@ -68,10 +68,12 @@ def seed_everything(seed: int) -> None:
 
 
 class Run:
-    def __init__(self, algo: str, cfg: Any, data: Any = None):
+    def __init__(self, algo: str, cfg: Any, data: Any = None, total_steps: int | None = None):
         """`data`: the TrainingData an offline run trains on; what it was (checksum, preprocessing,
-        corrupted rows) is written to the run folder."""
+        corrupted rows) is written to the run folder. `total_steps`: the steps the run counts, when
+        they are more than `cfg.steps` (an algorithm with phases, e.g. MBRCSL)."""
         self.algo, self.cfg = algo, cfg
+        self.total_steps = cfg.steps if total_steps is None else int(total_steps)
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
@@ -130,7 +132,7 @@ class Run:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
-        self.progress = Progress(cfg.steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
+        self.progress = Progress(self.total_steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
 
     def _request_stop(self, signum, frame) -> None:
@@ -228,18 +230,24 @@ class Run:
         return self._iterate()
 
     def _iterate(self) -> Iterator[int]:
-        for step in range(self.start_step + 1, self.cfg.steps + 1):
+        for step in range(self.start_step + 1, self.total_steps + 1):
             yield step  # the loop body (update, log, evaluate, checkpoint) runs here
-            if self.stop_signal is not None:
-                self.checkpoint(step, force=True)
-                self.logger.close()
-                self._restore_signals()
-                print(f"stopped by signal {self.stop_signal} after step {step}; checkpoint saved to "
-                      f"{self.checkpoint_path}; continue with --resume latest", file=sys.stderr)
-                raise SystemExit(128 + self.stop_signal)
+            self.stop_if_signalled(step)
+
+    def stop_if_signalled(self, step: int) -> None:
+        """After a SIGTERM/SIGINT: checkpoint with `step` as the last one done and exit. The loop calls it
+        after every step; a long piece of work between steps (MBRCSL's rollouts) calls it itself."""
+        if self.stop_signal is None:
+            return
+        self.checkpoint(step, force=True)
+        self.logger.close()
+        self._restore_signals()
+        print(f"stopped by signal {self.stop_signal} after step {step}; checkpoint saved to "
+              f"{self.checkpoint_path}; continue with --resume latest", file=sys.stderr)
+        raise SystemExit(128 + self.stop_signal)
 
     def _due(self, step: int, every: int) -> bool:
-        return step == self.cfg.steps or (every > 0 and step % every == 0)
+        return step == self.total_steps or (every > 0 and step % every == 0)
 
     def log(self, step: int, metrics: dict[str, torch.Tensor], force: bool = False) -> None:
         """Keep the tensors; gather them to the host (one sync) every log.every steps. A NaN or inf
@@ -325,7 +333,7 @@ class Run:
         """Write final.json, print the final score, close the logger; return the final metrics."""
         self.progress.close()
         final = {
-            "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.cfg.steps,
+            "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.total_steps,
             "run_dir": str(self.dir), **self.last_eval, **{k: v for e in self.extra_evals.values() for k, v in e.items()},
             **{f"train/{k}": v for k, v in self.last_metrics.items()},
             "wall_seconds": self.wall_seconds(), "resumes": self.resumes, **(extra or {}),

@@ -9,7 +9,8 @@ dataset recorded with non-default env arguments gets matching terminations:
 - Walker2d-v5: healthy iff z in (0.8, 2.0) and angle in (-1, 1) (defaults);
 - Ant-v5:      healthy iff the state is finite and z in [0.2, 1.0] (defaults);
 - InvertedPendulum-v5 (offrl/tiny-v0): ends when the observation is not finite or |angle| > 0.2;
-- HalfCheetah-v5 (and any env whose `terminate_when_unhealthy` is False): never terminates.
+- HalfCheetah-v5 (and any env whose `terminate_when_unhealthy` is False): never terminates;
+- offrl/PointMazeStitch-v0 (an env with `never_terminates = True`): never terminates.
 `terminated = not healthy`. An env this module does not know gets the "never" function and a
 warning naming it, since rollouts would then run through states the real env would end.
 
@@ -48,6 +49,8 @@ def termination_fn(env_spec) -> TerminationFn:
     try:
         base = env.unwrapped
         name = type(base).__name__
+        if getattr(base, "never_terminates", False):  # offrl.envs.StitchPointMaze
+            return never
         if not getattr(base, "_terminate_when_unhealthy", name != "HalfCheetahEnv"):
             return never
         if name in ("HopperEnv", "Walker2dEnv"):

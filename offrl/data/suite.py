@@ -379,17 +379,32 @@ def _action_space(env_spec):
     return space
 
 
+STITCH_ID = "offrl/pointmaze/umaze-stitch-v0"  # offrl.data.maze
+
+
 def known_ids() -> list[str]:
-    return ["offrl/tiny-v0", *suite_ids()]
+    return ["offrl/tiny-v0", STITCH_ID, *suite_ids()]
+
+
+def _recipe(dataset_id: str, info: dict | None = None, builder: "SuiteBuilder | None" = None) -> MadeDataset:
+    """The MadeDataset of an offrl id (`info`: the stored recipe arguments, when regenerating)."""
+    info = info or {}
+    if dataset_id == "offrl/tiny-v0":
+        return make_tiny(seed=info.get("seed", 0), transitions=info.get("transitions", 10_000))
+    if dataset_id == STITCH_ID:
+        from offrl.data.maze import make_stitch
+
+        return make_stitch(seed=info.get("seed", 0), episodes_per_group=info.get("episodes_per_group", 250))
+    return (builder or SuiteBuilder()).made(dataset_id)
 
 
 def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None = None) -> dict:
     """Make an offrl dataset; returns its id, checksum, size and generation time in seconds."""
     start = time.perf_counter()
-    if dataset_id != "offrl/tiny-v0":
+    if dataset_id not in ("offrl/tiny-v0", STITCH_ID):
         print(f"making {dataset_id} from the committed behaviour policies (reference scores, then the rollouts)",
               file=sys.stderr, flush=True)
-    made = make_tiny() if dataset_id == "offrl/tiny-v0" else (builder or SuiteBuilder()).made(dataset_id)
+    made = _recipe(dataset_id, builder=builder)
     made.info["seconds"] = round(time.perf_counter() - start, 1)
     checksum = write_minari_dataset(dataset_id, made, overwrite=overwrite)
     return {"id": dataset_id, "checksum": checksum, "seconds": time.perf_counter() - start,
@@ -400,14 +415,11 @@ def regenerate_checksum(dataset_id: str) -> str:
     """Regenerate a dataset in a scratch folder and return the checksum it gets."""
     if dataset_id in suite_ids():
         made = SuiteBuilder().made(dataset_id)  # needs only the committed policies, not a local copy
+    elif dataset_id == STITCH_ID and not exists(dataset_id):
+        made = _recipe(dataset_id)  # checked against the committed reference checksum
     else:
         info = stored_info(dataset_id)
-        if info.get("recipe") == "custom":
-            made = make_custom_from_info(info)
-        elif dataset_id == "offrl/tiny-v0":
-            made = make_tiny(seed=info.get("seed", 0), transitions=info.get("transitions", 10_000))
-        else:
-            made = SuiteBuilder().made(dataset_id)
+        made = make_custom_from_info(info) if info.get("recipe") == "custom" else _recipe(dataset_id, info)
     with tempfile.TemporaryDirectory() as scratch, _minari_root(Path(scratch)):
         return write_minari_dataset(dataset_id, made)
 
@@ -435,7 +447,7 @@ def record_reference_checksums() -> dict[str, str]:
     """Write the checksums of the suite datasets on this machine into the policies folder (kept for ids
     not on this machine)."""
     checksums = reference_checksums()
-    for dataset_id in suite_ids():
+    for dataset_id in [STITCH_ID, *suite_ids()]:
         if exists(dataset_id):
             checksums[dataset_id] = stored_info(dataset_id)["checksum"]
     path = reference_checksums_path()

@@ -1,0 +1,399 @@
+"""MBRCSL: model-based return-conditioned supervised learning ("Free from Bellman Completeness: Trajectory
+Stitching via Model-based Return-conditioned Supervised Learning", Zhou et al., NeurIPS 2023).
+
+RCSL alone cannot stitch: it imitates the data's trajectories, so it cannot beat the best of them by
+joining the good half of one to the good half of another. MBRCSL lets a model do the joining:
+
+    1. a dynamics ensemble of the data (world_models, cached; 7 members, 5 elites, 4 x 200)
+    2. a generative behaviour policy p(a | s) trained by behaviour cloning (offrl.generative: a small
+       diffusion policy, or a Gaussian mixture), which in the model mixes the data's behaviours
+    3. rollouts of that policy inside the model from the data's initial states, `rollout_batch` at a time
+       for the full horizon (a random elite and a sampled Gaussian step per row and step; a row stops at a
+       terminal state where the env has one); a rollout is kept when its return R > threshold (the data's
+       best episode return unless --threshold), until `num_trajectories` are kept or `max_rollout_epochs`
+       batches were made
+    4. RCSL (algos.rcsl, MSE head) trained on the kept rollouts only, with returns-to-go computed inside each
+       rollout (R_t = sum of its rewards from t on), and evaluated conditioned on the best kept return.
+
+Defaults are the reference's point-maze settings (FACTS.md section 8, `run_mbrcsl_maze.py`): 10 diffusion
+steps, rollouts of 200, 100 trajectories kept, at most 1000 rollout batches; RCSL 1024-1024, lr 5e-5,
+weight decay 0.1, batch 256, 10% hold-out. Deviations: the diffusion network is an eighth of the
+reference's width and trains 20k steps at its stated learning rate (offrl.generative explains why);
+RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient, states and
+returns are normalized (the reference feeds raw ones), returns-to-go are divided by the best kept return
+(so conditioning lies in about [0, 1]) and early stopping (1% rule, patience 5) checks every 500 steps
+from the start instead of every epoch from epoch 80.
+
+Phases and resuming: the run counts behaviour.steps + steps gradient steps. The behaviour policy is
+written to <run>/behaviour.pt when trained (pass it to another run with --behaviour-policy to skip
+that phase) and evaluated in the env (`behaviour/...` in final.json: diffusion BC's score). Rollout
+batches are checkpointed as they finish, so a stopped run resumes in the middle of them; the kept
+rollouts are written to <run>/rollouts.npz, an offrl dataset any algorithm (or `offrl datasets
+info`) reads. When no rollout passes the threshold the run says so, writes final.json with the
+rollout statistics and exits with an error instead of training RCSL on nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from algos import rcsl
+from offrl import generative
+from offrl.config import DataConfig, EvalConfig, TrainConfig
+from offrl.data import Dataset, TrainingData, load_for_training
+from offrl.data.preprocess import StateNormalizer, normalize_states, state_stats
+from offrl.errors import OffrlError
+from offrl.run import Run, cli_main
+from world_models.ensemble import DynamicsEnsemble, EnsembleConfig
+from world_models.rollout import ModelData, model_step
+from world_models.termination import TerminationFn
+
+
+@dataclass
+class RCSLOptions:
+    """The RCSL policy trained on the kept rollouts (the reference's point-maze sizes)."""
+
+    hidden: tuple[int, ...] = (1024, 1024)
+    """Hidden layer widths."""
+    lr: float = 5e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    holdout_ratio: float = 0.1
+    """Fraction of the rollout transitions held out for early stopping."""
+    holdout_every: int = 500
+    """Measure the hold-out loss every this many steps."""
+    patience: int = 5
+    """Stop after this many hold-out checks without a > 1% improvement."""
+    rtg_scale: Optional[float] = None
+    """Returns-to-go are divided by this (default: the best kept return)."""
+
+
+@dataclass
+class Config(TrainConfig):
+    steps: int = 10_000
+    """Most RCSL gradient steps (early stopping usually ends sooner); the behaviour policy's come before them."""
+    behaviour: generative.BehaviourConfig = field(default_factory=generative.BehaviourConfig)
+    behaviour_policy: Optional[str] = None
+    """A behaviour-policy file (<run>/behaviour.pt of an earlier run) to roll out instead of training one."""
+    threshold: Optional[float] = None
+    """Keep rollouts whose return exceeds this (default: the dataset's best episode return)."""
+    num_trajectories: int = 100
+    """Stop rolling out once this many rollouts are kept."""
+    rollout_batch: int = 200
+    """Rollouts made at once (one rollout epoch)."""
+    max_rollout_epochs: int = 1000
+    """Most rollout epochs."""
+    horizon: Optional[int] = None
+    """Rollout length (default: the env's time limit, else the longest episode in the data)."""
+    rcsl: RCSLOptions = field(default_factory=RCSLOptions)
+    model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    model_seed: Optional[int] = None
+    """Seed of the dynamics model's training (default: the run's --seed)."""
+    model_path: Optional[str] = None
+    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
+    retrain_model: bool = False
+    """Train the dynamics model anew even when one is cached."""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=0, episodes=10))
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+# ------------------------------------------------------------------------------------ rollouts
+@dataclass
+class Rollouts:
+    """Fixed-length rollouts [n, horizon, ...]; row i's transitions are its first lengths[i] steps."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_observations: torch.Tensor
+    terminated: torch.Tensor  # [n] bool: the rollout ended in a terminal state
+    lengths: torch.Tensor  # [n] long
+    returns: torch.Tensor  # [n]: sum of its rewards
+
+    def select(self, rows: torch.Tensor) -> "Rollouts":
+        return Rollouts(*(x[rows] for x in vars(self).values()))
+
+    @staticmethod
+    def cat(parts: list["Rollouts"]) -> "Rollouts":
+        return Rollouts(*(torch.cat(xs) for xs in zip(*(vars(p).values() for p in parts))))
+
+    def __len__(self) -> int:
+        return len(self.returns)
+
+
+@torch.no_grad()
+def rollout_full(model: DynamicsEnsemble, policy: generative.BehaviourPolicy, start_obs: torch.Tensor, horizon: int,
+                 termination: TerminationFn, generator: torch.Generator | None = None) -> Rollouts:
+    """Roll `policy` out in the model from `start_obs` for `horizon` steps. A row that reaches a terminal
+    state stops there (its later steps are computed but not counted). No host sync."""
+    n, device = start_obs.shape[0], start_obs.device
+    obs = start_obs
+    alive = torch.ones(n, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    observations, actions, rewards, next_observations = [], [], [], []
+    for _ in range(horizon):
+        action = policy.sample(obs, generator)
+        step = model_step(model, obs, action, termination, generator)
+        observations.append(obs)
+        actions.append(action)
+        rewards.append(torch.where(alive, step.rewards, 0.0))  # a model past a terminal state may give NaN
+        next_observations.append(step.next_observations)
+        lengths += alive
+        alive = alive & ~step.terminals
+        obs = step.next_observations
+    rewards_t = torch.stack(rewards, dim=1)
+    return Rollouts(torch.stack(observations, 1), torch.stack(actions, 1), rewards_t, torch.stack(next_observations, 1),
+                    ~alive, lengths, rewards_t.sum(dim=1))
+
+
+def above_threshold(returns: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Indices of the rollouts whose return is strictly greater than `threshold` (the reference's rule)."""
+    return torch.nonzero(returns > threshold).squeeze(-1)
+
+
+def to_dataset(rollouts: Rollouts, metadata: dict | None = None) -> Dataset:
+    """The rollouts as an offrl Dataset: one episode per rollout, a terminal on the last row of one that
+    reached a terminal state, a timeout on the last row of the others."""
+    lengths = rollouts.lengths.cpu().numpy()
+    horizon = rollouts.rewards.shape[1]
+    mask = (np.arange(horizon)[None, :] < lengths[:, None]).reshape(-1)
+    flat = lambda x: x.cpu().numpy().reshape(len(lengths) * horizon, *x.shape[2:])[mask].astype(np.float32)  # noqa: E731
+    ends = np.cumsum(lengths) - 1
+    terminals = np.zeros(int(lengths.sum()), np.float32)
+    terminated = rollouts.terminated.cpu().numpy()
+    terminals[ends[terminated]] = 1.0
+    timeouts = np.zeros_like(terminals)
+    timeouts[ends[~terminated]] = 1.0
+    return Dataset(flat(rollouts.observations), flat(rollouts.actions), flat(rollouts.rewards),
+                   flat(rollouts.next_observations), terminals, timeouts,
+                   np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64), dict(metadata or {})).validate("rollouts")
+
+
+class RolloutCollector:
+    """Rollout epochs until enough rollouts pass the threshold; checkpointable between epochs."""
+
+    def __init__(self, model: DynamicsEnsemble, termination: TerminationFn, start_obs: torch.Tensor, horizon: int,
+                 threshold: float, cfg: Config, seed: int):
+        self.model, self.termination, self.start_obs, self.horizon = model, termination, start_obs, horizon
+        self.threshold, self.cfg = threshold, cfg
+        self.generator = torch.Generator(device=start_obs.device).manual_seed(seed)
+        self.kept: list[Rollouts] = []
+        self.all_returns: list[torch.Tensor] = []
+        self.epochs = 0
+
+    @property
+    def kept_count(self) -> int:
+        return sum(len(k) for k in self.kept)
+
+    @property
+    def done(self) -> bool:
+        return self.kept_count >= self.cfg.num_trajectories or self.epochs >= self.cfg.max_rollout_epochs
+
+    def epoch(self, policy: generative.BehaviourPolicy) -> None:
+        pick = torch.randint(len(self.start_obs), (self.cfg.rollout_batch,), device=self.start_obs.device,
+                             generator=self.generator)
+        batch = rollout_full(self.model, policy, self.start_obs[pick], self.horizon, self.termination, self.generator)
+        self.all_returns.append(batch.returns)
+        keep = above_threshold(batch.returns, self.threshold)
+        if len(keep):
+            self.kept.append(batch.select(keep))
+        self.epochs += 1
+
+    def kept_rollouts(self) -> Rollouts | None:
+        return Rollouts.cat(self.kept) if self.kept else None
+
+    def summary(self) -> dict[str, float]:
+        returns = torch.cat(self.all_returns).cpu().numpy() if self.all_returns else np.zeros(0)
+        kept = self.kept_rollouts()
+        out = {"rollouts/epochs": self.epochs, "rollouts/made": len(returns), "rollouts/kept": self.kept_count,
+               "rollouts/threshold": self.threshold}
+        if len(returns):
+            out |= {f"rollouts/return_{name}": float(f(returns)) for name, f in
+                    (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max))}
+            out |= {f"rollouts/return_q{q}": float(np.quantile(returns, q / 100)) for q in (50, 90, 99)}
+        if kept is not None:
+            kept_returns = kept.returns.cpu().numpy()
+            out |= {"rollouts/kept_return_mean": float(kept_returns.mean()), "rollouts/kept_return_max": float(kept_returns.max())}
+        return out
+
+    def state_dict(self) -> dict:
+        kept = self.kept_rollouts()
+        return {"generator": self.generator.get_state(), "epochs": self.epochs,
+                "all_returns": torch.cat(self.all_returns) if self.all_returns else torch.zeros(0),
+                "epoch_sizes": torch.tensor([len(r) for r in self.all_returns], dtype=torch.long),
+                "kept": {k: v for k, v in vars(kept).items()} if kept is not None else {}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"].cpu())
+        self.epochs = int(state["epochs"])
+        self.all_returns = list(torch.split(state["all_returns"], state["epoch_sizes"].tolist())) if self.epochs else []
+        self.kept = [Rollouts(**state["kept"])] if state["kept"] else []
+
+
+class RCSLSlot:
+    """The RCSL agent, built once the rollouts are in (the checkpoint rebuilds it from them)."""
+
+    def __init__(self, build):
+        self.build, self.agent = build, None
+
+    def state_dict(self) -> dict:
+        return self.agent.state_dict() if self.agent is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.agent = self.build()
+            self.agent.load_state_dict(state)
+
+
+class FixedPolicy:
+    """A loaded behaviour-policy file in the place of a trainer (nothing to checkpoint)."""
+
+    def __init__(self, policy: generative.BehaviourPolicy):
+        self.policy = policy
+
+    def sampler(self) -> generative.BehaviourPolicy:
+        return self.policy
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def rcsl_config(cfg: Config, rtg_scale: float) -> rcsl.Config:
+    o = cfg.rcsl
+    return rcsl.Config(steps=cfg.steps, batch_size=o.batch_size, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay,
+                       conditioning="rtg", head="deterministic", rtg_scale=rtg_scale, holdout_ratio=o.holdout_ratio,
+                       holdout_every=o.holdout_every, patience=o.patience, run=cfg.run)
+
+
+def rollout_horizon(cfg: Config, data: TrainingData) -> int:
+    if cfg.horizon:
+        return cfg.horizon
+    from offrl.evaluation import make_env
+
+    env = make_env(data.metadata)
+    limit = env.spec.max_episode_steps if env.spec is not None else None
+    env.close()
+    return int(limit or data.dataset.episode_lengths().max())
+
+
+def train(cfg: Config) -> dict:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    ModelData.check_raw(data, "mbrcsl")
+    behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps
+    run = Run("mbrcsl", cfg, data, total_steps=behaviour_steps + cfg.steps)
+    device = run.device
+    dataset = data.dataset
+
+    from offrl.evaluation import env_spec_from_metadata
+    from world_models.termination import termination_fn
+    from world_models.train import load_or_train
+
+    model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
+    model, model_path = load_or_train(dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
+    model_file = str(model_path)
+    termination = termination_fn(env_spec_from_metadata(data.metadata))
+
+    observations = torch.as_tensor(dataset.observations, device=device)
+    actions = torch.as_tensor(dataset.actions, device=device)
+    if cfg.behaviour_policy:
+        loaded, _, _ = generative.load(cfg.behaviour_policy, device)
+        if (loaded.obs_dim, loaded.act_dim) != (dataset.obs_dim, dataset.act_dim):
+            raise OffrlError(f"--behaviour-policy {cfg.behaviour_policy}: acts on {loaded.obs_dim}-dim states and "
+                             f"{loaded.act_dim}-dim actions, the dataset has {dataset.obs_dim} and {dataset.act_dim}")
+        behaviour = FixedPolicy(loaded)
+    else:
+        mean, std = state_stats(dataset.observations)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            policy = generative.build(cfg.behaviour, dataset.obs_dim, dataset.act_dim, mean, std, data.action_low,
+                                      data.action_high).to(device)
+        behaviour = generative.BehaviourTrainer(policy, cfg.behaviour, observations, actions, seed=cfg.seed)
+
+    threshold = cfg.threshold if cfg.threshold is not None else float(dataset.episode_returns().max())
+    horizon = rollout_horizon(cfg, data)
+    starts = observations[torch.as_tensor(dataset.episode_starts, device=device)]
+    collector = RolloutCollector(model, termination, starts, horizon, threshold, cfg, seed=cfg.seed + 1)
+
+    def build_rcsl() -> rcsl.RCSL:
+        kept = to_dataset(collector.kept_rollouts(), data.metadata)
+        rtg_scale = cfg.rcsl.rtg_scale or max(float(kept.episode_returns().max()), 1e-6)
+        mean, std = state_stats(kept.observations)
+        return rcsl.RCSL(rcsl_config(cfg, rtg_scale), normalize_states(kept, mean, std), StateNormalizer(mean, std, device),
+                         data.action_low, data.action_high, device, cfg.seed)
+
+    slot = RCSLSlot(build_rcsl)
+    state = {"behaviour": behaviour, "rollouts": collector, "rcsl": slot}
+    print(f"mbrcsl: threshold {threshold:.2f}, horizon {horizon}, rollouts of {cfg.rollout_batch} until "
+          f"{cfg.num_trajectories} kept (at most {cfg.max_rollout_epochs} epochs), model {model_file}", file=sys.stderr)
+    step = run.start_step
+    for step in run.steps(state):
+        if step <= behaviour_steps:  # phase 1: behaviour cloning
+            with run.precision():
+                metrics = behaviour.update()
+            run.log(step, metrics)
+            if step == behaviour_steps:
+                generative.save(run.dir / "behaviour.pt", behaviour.sampler(), cfg.behaviour,
+                                {"dataset": cfg.dataset, "seed": cfg.seed, "steps": behaviour_steps})
+                run.evaluate(step, behaviour.sampler(), data.metadata, force=True, prefix="behaviour")
+                run.checkpoint(step, force=True)
+            else:
+                run.checkpoint(step, state)
+            continue
+        if slot.agent is None:  # phase 2: rollouts in the model, resumable between epochs
+            while not collector.done:
+                collector.epoch(behaviour.sampler())
+                if collector.epochs % 10 == 0 or collector.done:
+                    print(f"mbrcsl rollouts: epoch {collector.epochs}, {collector.kept_count} kept of "
+                          f"{collector.epochs * cfg.rollout_batch}", file=sys.stderr, flush=True)
+                    run.checkpoint(step - 1, force=True)
+                run.stop_if_signalled(step - 1)
+            summary = collector.summary()
+            run.log_values(step, summary)
+            if collector.kept_count == 0:
+                run.finish({**summary, "model_file": model_file})
+                raise OffrlError(f"mbrcsl: none of {summary['rollouts/made']} rollouts passed the threshold {threshold:.2f} "
+                                 f"(best rollout return {summary.get('rollouts/return_max', float('nan')):.2f}); RCSL was "
+                                 "not trained. Lower --threshold or raise --max-rollout-epochs")
+            if collector.kept_count < cfg.num_trajectories:
+                print(f"warning: only {collector.kept_count} of {cfg.num_trajectories} wanted rollouts passed the "
+                      f"threshold in {collector.epochs} epochs; RCSL trains on those", file=sys.stderr)
+            to_dataset(collector.kept_rollouts(), {**data.metadata, "name": f"{cfg.dataset} (MBRCSL rollouts)"}).save_npz(
+                str(run.dir / "rollouts.npz"))
+            slot.agent = build_rcsl()
+        agent = slot.agent  # phase 3: RCSL on the kept rollouts
+        if agent.checks_without_improvement >= agent.cfg.patience:
+            break  # early-stopped before a resume
+        with run.precision():
+            metrics = agent.update(agent.cfg.batch_size)
+        run.log(step, metrics)
+        if (step - behaviour_steps) % agent.cfg.holdout_every == 0:
+            stop = agent.check()
+            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
+            run.checkpoint(step, state, force=True)
+            if stop:
+                break
+        else:
+            run.checkpoint(step, state)
+    agent = slot.agent
+    if agent is None:
+        raise OffrlError("mbrcsl: the run ended before its RCSL phase began")
+    agent.restore_best()
+    target = float(collector.kept_rollouts().returns.max())
+    run.evaluate(step, agent.policy.actor(target), data.metadata, force=True)
+    return run.finish({**collector.summary(), "target_return": target, "model_file": model_file,
+                       "rcsl_steps": step - behaviour_steps, "best_holdout_loss": agent.best_loss})
+
+
+if __name__ == "__main__":
+    cli_main(Config, train)
