@@ -1,0 +1,50 @@
+"""Per-run rollout statistics of MBRCSL runs, as a markdown table: how many rollouts the model made, how
+many passed the threshold, and their returns (from each run's final.json).
+
+    python -m benchmarks.rollout_counts runs-bench/mbrcsl-maze >> results/mbrcsl-stitching.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+COLUMNS = (("rollouts/threshold", "threshold", "{:.1f}"), ("rollouts/epochs", "epochs", "{:d}"),
+           ("rollouts/made", "made", "{:d}"), ("rollouts/kept", "kept", "{:d}"),
+           ("rollouts/return_mean", "return mean (all)", "{:.1f}"), ("rollouts/return_max", "return max (all)", "{:.1f}"),
+           ("rollouts/kept_return_mean", "kept return mean", "{:.1f}"), ("target_return", "RCSL target", "{:.1f}"),
+           ("rcsl_steps", "RCSL steps", "{:d}"))
+
+
+def rows(roots: list[Path]) -> list[dict]:
+    found = []
+    for root in roots:
+        for final_path in sorted(root.glob("**/mbrcsl/*/*/final.json")):
+            final = json.loads(final_path.read_text())
+            found.append({"dataset": final["dataset"], "seed": final["seed"], **final})
+    return sorted(found, key=lambda r: (r["dataset"], r["seed"]))
+
+
+def markdown(found: list[dict]) -> str:
+    head = "| dataset | seed | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (2 + len(COLUMNS))]
+    for r in found:
+        cells = []
+        for key, _, fmt in COLUMNS:
+            value = r.get(key)
+            cells.append("-" if value is None else fmt.format(int(value) if fmt == "{:d}" else float(value)))
+        lines.append(f"| {r['dataset']} | {r['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("roots", nargs="+", type=Path, help="sweep folders holding mbrcsl runs")
+    text = markdown(rows(parser.parse_args(argv).roots))
+    print(text, end="")
+    return text
+
+
+if __name__ == "__main__":
+    main()
