@@ -1,0 +1,116 @@
+"""benchmarks.speed_vs_corl without CORL: the ratio and markdown on hand-made numbers, the block estimator, the
+CORL folder and commit checks, and the command line's one-line error when --corl-dir is missing."""
+
+import pytest
+
+from benchmarks import speed_vs_corl as svc
+
+from conftest import PYTHON, run_cli
+
+
+def measurement(side, algo, threads, rnd, ms, **extra):
+    return {"side": side, "algo": algo, "threads": threads, "round": rnd, "ms": ms, **extra}
+
+
+def hand_made():
+    ms = [  # (algo, threads, round, CORL ms, offrl ms)
+        ("iql", 1, 1, 20.0, 16.0), ("iql", 1, 2, 30.0, 18.0), ("iql", 1, 3, 25.0, 30.0),
+        ("bc", 1, 1, 4.0, 4.4), ("bc", 1, 2, 4.0, 4.0), ("bc", 1, 3, 5.0, 3.0),
+        ("iql", 2, 1, 10.0, 9.0),
+    ]
+    out = []
+    for algo, threads, rnd, corl, offrl in ms:
+        out.append(measurement("corl", algo, threads, rnd, corl, corl_step_median_ms=corl - 1, other_cores=0.01,
+                               params=100))
+        out.append(measurement("offrl", algo, threads, rnd, offrl, other_cores=0.2 if algo == "bc" else 0.0,
+                               params=98))
+    return out
+
+
+def test_ratio_is_offrl_over_corl_of_the_medians_over_rounds():
+    rows = svc.summarize(hand_made())
+    assert [(r["algo"], r["threads"]) for r in rows] == [("iql", 1), ("bc", 1), ("iql", 2)]  # threads, then ALGOS
+    iql = rows[0]
+    assert iql["corl_ms"] == 25.0 and iql["offrl_ms"] == 18.0  # medians of (20, 30, 25) and (16, 18, 30)
+    assert iql["ratio"] == pytest.approx(18.0 / 25.0)
+    assert iql["round_ratios"] == pytest.approx([0.8, 0.6, 1.2])
+    assert iql["corl_round_ms"] == [20.0, 30.0, 25.0] and iql["offrl_round_ms"] == [16.0, 18.0, 30.0]
+    assert iql["corl_step_median_ms"] == 24.0 and iql["goal"] == 0.8
+    assert iql["params"] == {"corl": 100, "offrl": 98}
+    bc = rows[1]
+    assert bc["ratio"] == pytest.approx(4.0 / 4.0) and bc["goal"] == 1.0 and bc["max_other_cores"] == 0.2
+    assert rows[2]["ratio"] == pytest.approx(0.9) and rows[2]["rounds"] == [1]
+
+
+def test_a_round_with_only_one_side_is_left_out():
+    rows = svc.summarize([measurement("corl", "cql", 1, 1, 100.0), measurement("offrl", "cql", 1, 1, 70.0),
+                          measurement("corl", "cql", 1, 2, 500.0)])
+    assert rows[0]["rounds"] == [1] and rows[0]["ratio"] == pytest.approx(0.7)
+
+
+def test_markdown_states_ratio_goal_commit_command_and_hardware():
+    meta = {"command": "python -m benchmarks.speed_vs_corl --corl-dir ../corl", "date": "2030-01-02",
+            "corl_commit": svc.TESTED_CORL_COMMIT, "cpu": "Some CPU", "cores": 2, "rounds": 3, "warmup": 200,
+            "steps": 1000, "block": 20, "data": "950,000 transitions, obs 11, act 3",
+            "batch": {"iql": 256, "bc": 256}, "corl_versions": "torch 9.9", "offrl_versions": "torch 9.9"}
+    text = svc.render_markdown(meta, svc.summarize(hand_made()))
+    assert "`python -m benchmarks.speed_vs_corl --corl-dir ../corl`" in text and "2030-01-02" in text
+    assert svc.TESTED_CORL_COMMIT in text and "Some CPU, 2 cores" in text and "torch 9.9" in text
+    lines = text.splitlines()
+    iql1 = next(line for line in lines if line.startswith("| IQL | 1 |"))
+    assert "| 25.00 | 18.00 | **0.720** | ≤ 0.80 ✓ | 0.800, 0.600, 1.200 | 20.00, 30.00, 25.00 |" in iql1
+    bc1 = next(line for line in lines if line.startswith("| BC | 1 |"))
+    assert "**1.000** | ≤ 1.00 ✓" in bc1
+    assert "| IQL | 256 |" in text and "`--actor deterministic`" in text and "100 / 98" in text
+    assert "BC 1 thread(s) 0.20" in text and "disturbed" in text  # other processes' CPU above 0.15 is flagged
+
+
+def test_block_median_is_the_median_of_block_means_in_ms():
+    steps = [0.001, 0.003] * 4 + [0.010, 0.010]  # blocks of 2: 2, 2, 2, 2, 10 ms
+    assert svc.block_median_ms(steps, 2) == pytest.approx(2.0)
+    assert svc.block_median_ms(steps + [1.0], 2) == pytest.approx(2.0)  # a trailing partial block is dropped
+
+
+def test_corl_folder_layouts_and_commit(tmp_path):
+    with pytest.raises(SystemExit, match="no algorithms/offline/iql.py"):
+        svc.corl_files(tmp_path, "iql")
+    clone = tmp_path / "clone"
+    (clone / "algorithms" / "offline").mkdir(parents=True)
+    (clone / "algorithms" / "offline" / "any_percent_bc.py").write_text("")
+    with pytest.raises(SystemExit, match="configs/offline/bc/hopper/medium_v2.yaml"):
+        svc.corl_files(clone, "bc")
+    (clone / "configs" / "offline" / "bc" / "hopper").mkdir(parents=True)
+    (clone / "configs" / "offline" / "bc" / "hopper" / "medium_v2.yaml").write_text("batch_size: 256\n")
+    assert svc.corl_files(clone, "bc")[0] == clone / "algorithms" / "offline" / "any_percent_bc.py"
+    flat = tmp_path / "flat"
+    (flat / "configs" / "offline" / "bc" / "hopper").mkdir(parents=True)
+    (flat / "configs" / "offline" / "bc" / "hopper" / "medium_v2.yaml").write_text("")
+    (flat / "any_percent_bc.py").write_text("")
+    assert svc.corl_files(flat, "bc")[0] == flat / "any_percent_bc.py"
+    assert svc.corl_commit(flat, " abc123 ") == "abc123"
+    with pytest.raises(SystemExit, match="--corl-commit"):
+        svc.corl_commit(flat, None)  # no COMMIT file, not a git checkout
+    (flat / "COMMIT").write_text(svc.TESTED_CORL_COMMIT + "\n")
+    assert svc.corl_commit(flat, None) == svc.TESTED_CORL_COMMIT
+
+
+def test_missing_corl_dir_is_a_one_line_error(tmp_path):
+    result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--markdown", str(tmp_path / "x.md"), check=False,
+                     timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line
+    assert "--corl-dir is required" in result.stderr and not (tmp_path / "x.md").exists()
+    result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path / "nowhere"), check=False,
+                     timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "is not a folder" in result.stderr
+    result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path), check=False, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "no algorithms/offline/" in result.stderr
+
+
+def test_offrl_side_is_set_to_corl_sizes():
+    for algo in svc.ALGOS:
+        cfg = svc.offrl_config(algo)
+        assert cfg.batch_size == 256 and cfg.run.compile is False
+        assert tuple(cfg.hidden) == ((256, 256, 256) if algo == "cql" else (256, 256))
+    assert svc.offrl_config("iql").actor == "deterministic"
+    assert svc.offrl_config("cql").n_actions == 10
