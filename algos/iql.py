@@ -208,5 +208,46 @@ def train(cfg: Config) -> dict:
     return run.finish()
 
 
+def train_seeds(cfg: Config) -> list[dict]:
+    """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
+    from offrl import multiseed
+    from offrl.errors import OffrlError
+
+    if cfg.run.compile:
+        raise OffrlError("--seeds does not combine with --run.compile yet")
+    if cfg.data.corrupt is not None and cfg.data.corruption_seed is None:
+        raise OffrlError("--seeds with --data.corrupt: give --data.corruption-seed, so that every seed trains on the "
+                         "same corrupted data")
+    cfgs = multiseed.seed_configs(cfg)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
+    runs = multiseed.SeedRuns("iql", cfgs, data)
+    samplers = multiseed.SeedSamplers(data.buffer(runs.device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+    agents = multiseed.build_seeded(lambda c: IQL(c, data, runs.device), cfgs)
+    batch = multiseed.SeedBatch(agents, ("actor", "value", "critic", "critic_target"),
+                                ("value_opt", "actor_critic_opt"), ("actor_schedule",))
+    template = agents[0]
+    value_opt, actor_critic_opt = batch.batched_optimizers["value_opt"], batch.batched_optimizers["actor_critic_opt"]
+    actor_schedule = batch.batched_schedulers["actor_schedule"]
+    states = [{"agent": batch.view(i), "buffer": samplers.views[i]} for i in range(len(cfgs))]
+    act = batch.acting(template.act)
+    for step in runs.steps(states, after_restore=batch.restack):
+        with runs.runs[0].precision():
+            sample = samplers.sample(cfg.batch_size)
+            value_loss, target_q, v = batch.vmap(template.value_loss, sample)
+            value_opt.zero_grad(set_to_none=True)
+            value_loss.sum().backward()  # each seed's weights get their own loss's gradient
+            value_opt.step()
+            loss, metrics = batch.vmap(template.actor_critic_loss, sample, target_q)
+            actor_critic_opt.zero_grad(set_to_none=True)
+            loss.sum().backward()
+            actor_critic_opt.step()
+            actor_schedule.step()
+            batch.soft_update("critic_target", "critic", cfg.tau)
+        runs.log(step, {"value_loss": value_loss.detach(), "v_mean": v.mean(dim=-1), **metrics})
+        runs.evaluate(step, act, data.metadata)
+        runs.checkpoint(step, states)
+    return runs.finish()
+
+
 if __name__ == "__main__":
     cli_main(Config, train)

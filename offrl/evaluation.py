@@ -114,6 +114,11 @@ class EvalResult:
     lengths: np.ndarray
     normalized: np.ndarray | None
 
+    def split(self, parts: int) -> list["EvalResult"]:
+        """Equal consecutive parts (the episodes of several seeds run in one vector env)."""
+        pieces = [np.split(x, parts) if x is not None else [None] * parts for x in (self.returns, self.lengths, self.normalized)]
+        return [EvalResult(*p) for p in zip(*pieces)]
+
     def summary(self) -> dict[str, float]:
         out = {"eval/return_mean": float(self.returns.mean()), "eval/return_std": float(self.returns.std()),
                "eval/length_mean": float(self.lengths.mean())}
@@ -125,8 +130,9 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, episodes: int = 10, seed: int = 0,
-             device: torch.device | str = "cpu", envs: gym.vector.VectorEnv | None = None) -> EvalResult:
-    """Run `episodes` episodes in parallel, env i reset with seed + i; `policy` maps a float32 batch
+             device: torch.device | str = "cpu", envs: gym.vector.VectorEnv | None = None,
+             reset_seeds: list[int] | None = None) -> EvalResult:
+    """Run `episodes` episodes in parallel, env i reset with seed + i (or reset_seeds[i]); `policy` maps a float32 batch
     of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space).
 
     A stateful policy (Decision Transformer, RCSL) may also have `reset(n)`, called before the
@@ -134,10 +140,10 @@ def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, epi
     Every module the policy reaches runs in eval mode (no dropout) and gets its training flags back
     afterwards."""
     with eval_mode(policy):
-        return _evaluate(policy, metadata, episodes, seed, device, envs)
+        return _evaluate(policy, metadata, episodes, seed, device, envs, reset_seeds)
 
 
-def _evaluate(policy, metadata, episodes, seed, device, envs) -> EvalResult:
+def _evaluate(policy, metadata, episodes, seed, device, envs, reset_seeds=None) -> EvalResult:
     own_envs = envs is None
     envs = envs or make_vector_env(metadata, episodes)
     if envs.num_envs != episodes:
@@ -146,7 +152,9 @@ def _evaluate(policy, metadata, episodes, seed, device, envs) -> EvalResult:
     if hasattr(policy, "reset"):
         policy.reset(episodes)
     try:
-        obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
+        if reset_seeds is not None and len(reset_seeds) != episodes:
+            raise ValueError(f"{len(reset_seeds)} reset seeds for {episodes} episodes")
+        obs, _ = envs.reset(seed=list(reset_seeds) if reset_seeds is not None else [seed + i for i in range(episodes)])
         returns = np.zeros(episodes)
         lengths = np.zeros(episodes, dtype=np.int64)
         running = np.ones(episodes, dtype=bool)

@@ -59,7 +59,7 @@ def git_commit() -> str | None:
 
 class Logger:
     def __init__(self, run_dir: Path, config: dict, log_cfg, algo: str, dataset: str, device,
-                 wandb_id: str | None = None, resumed: bool = False):
+                 wandb_id: str | None = None, resumed: bool = False, concurrent: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
@@ -81,7 +81,8 @@ class Logger:
             self.wandb_run = wandb.init(
                 project=log_cfg.project, group=log_cfg.group or f"{algo}-{dataset}", name=self.run_dir.name,
                 dir=str(self.run_dir), config=config, mode=log_cfg.wandb, id=wandb_id,
-                resume="allow" if resumed else None, reinit="finish_previous",
+                resume="allow" if resumed else None,
+                reinit="create_new" if concurrent else "finish_previous",
             )
             self.wandb_id = self.wandb_run.id
 

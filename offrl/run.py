@@ -68,10 +68,12 @@ def seed_everything(seed: int) -> None:
 
 
 class Run:
-    def __init__(self, algo: str, cfg: Any, data: Any = None, total_steps: int | None = None):
+    def __init__(self, algo: str, cfg: Any, data: Any = None, total_steps: int | None = None,
+                 concurrent: bool = False):
         """`data`: the TrainingData an offline run trains on; what it was (checksum, preprocessing,
         corrupted rows) is written to the run folder. `total_steps`: the steps the run counts, when
-        they are more than `cfg.steps` (an algorithm with phases, e.g. MBRCSL)."""
+        they are more than `cfg.steps` (an algorithm with phases, e.g. MBRCSL). `concurrent`: other
+        runs live in the same process (several seeds trained as one, `offrl.multiseed`)."""
         self.algo, self.cfg = algo, cfg
         self.total_steps = cfg.steps if total_steps is None else int(total_steps)
         self.device = resolve_device(cfg.device)
@@ -122,7 +124,7 @@ class Run:
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
-                             wandb_id=wandb_id, resumed=self.resume_from is not None)
+                             wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
         if data is not None:
             self._record_data(data)
         # SIGTERM / SIGINT: finish the current step, checkpoint exactly there, exit (resume continues
@@ -290,7 +292,17 @@ class Run:
         target) the results are logged under that prefix and are not the run's score."""
         if not (force or self._due(step, self.cfg.eval.every)):
             return None
-        result = evaluate(policy, metadata, self.cfg.eval.episodes, self.cfg.seed + self.cfg.eval.seed_offset, self.device)
+        result = evaluate(policy, metadata, self.cfg.eval.episodes, self.eval_seed, self.device)
+        return self.record_evaluation(step, result, prefix)
+
+    @property
+    def eval_seed(self) -> int:
+        """Evaluation episode i resets with eval_seed + i."""
+        return self.cfg.seed + self.cfg.eval.seed_offset
+
+    def record_evaluation(self, step: int, result, prefix: str | None = None) -> dict[str, float]:
+        """Log an evaluation's results (an `offrl.evaluation.EvalResult`) as `evaluate` does: the run's
+        score, or with `prefix` an extra evaluation (several seeds evaluated in one vector env use this)."""
         summary = result.summary()
         if prefix is not None:
             summary = {k.replace("eval/", f"{prefix}/", 1): v for k, v in summary.items()}
@@ -359,6 +371,13 @@ def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | N
         prog = f"python -m {main_spec.name}" if main_spec is not None else None
     cfg = tyro.cli(config_cls, args=argv, prog=prog)
     try:
+        if getattr(cfg, "seeds", None):
+            train_seeds = getattr(sys.modules[train.__module__], "train_seeds", None)
+            if train_seeds is None:
+                raise OffrlError(f"--seeds: {train.__module__} does not train seeds as one batched model yet (iql "
+                                 "does); run one process per seed (python -m benchmarks.sweep --seeds ...)")
+            train_seeds(cfg)
+            return
         train(cfg)
     except OffrlError as exc:
         print(f"error: {exc}", file=sys.stderr)

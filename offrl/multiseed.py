@@ -1,0 +1,272 @@
+"""Several seeds of one algorithm trained in one process as one batched model (`--seeds 0 1 2`).
+
+Every parameter, and with it every optimizer state, gets a leading seed dimension: seed i's networks
+are built exactly as a single-seed run builds them (`torch.manual_seed(i)` first), then stacked. The
+agent's own loss methods run under `torch.func.vmap` over the seed dimension, with the seed's
+weights swapped in by `torch.func.functional_call`; the sum of the seeds' losses is backpropagated,
+so each seed's weights get exactly their own gradient, and Adam, being elementwise, steps each slice
+as a separate Adam would. Each seed samples its batches with its own generator, seeded as a
+single-seed run's replay buffer is, from one shared copy of the data.
+
+Each seed keeps a run folder of its own (config.json without `seeds`, metrics.jsonl, final.json,
+checkpoints/last.pt) in the format of a single-seed run, so `offrl eval`, `--resume`, the tables and
+a single-seed process all read it. All seeds are evaluated together in one vector env (seed i's
+episodes reset with seeds i + offset + j, as its single-seed run's), one batched policy call per step.
+
+What differs from separate runs is the float order: a batched matmul sums in another order than a
+single one, so metrics agree with the single-seed runs' to rounding at first and then drift apart as
+any two chaotic trainings do (tests/test_multiseed.py states the tolerance). On a GPU this is where
+the speed-up is; on a CPU, see results/speed.md ("seeds in one process").
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import signal
+import sys
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from offrl.data import Batch
+from offrl.data.buffer import ReplayBuffer
+from offrl.errors import OffrlError
+from offrl.evaluation import evaluate
+
+
+def seed_configs(cfg) -> list:
+    """One config per seed, as a single-seed run of that seed has it (no `seeds`)."""
+    seeds = list(cfg.seeds)
+    if len(set(seeds)) != len(seeds):
+        raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: a seed is given twice")
+    return [dataclasses.replace(cfg, seed=s, seeds=None) for s in seeds]
+
+
+class SeedSamplers:
+    """One replay buffer's rows, sampled by one generator per seed (each seeded as that seed's buffer)."""
+
+    def __init__(self, buffer: ReplayBuffer, seeds: Sequence[int]):
+        self.buffer = buffer
+        self.views = []
+        for s in seeds:
+            view = copy.copy(buffer)  # shares the storage tensor; gets its own generator
+            view.generator = torch.Generator(device=buffer.device).manual_seed(s)
+            self.views.append(view)
+
+    def sample(self, batch_size: int) -> Batch:
+        """[S, B, ...] batches: row block i drawn by seed i's generator."""
+        index = torch.stack([v.sample_index(batch_size) for v in self.views])
+        obs, act, rew, next_obs, term = self.buffer.storage[index].split(self.buffer._split, dim=-1)
+        return Batch(obs, act, rew.squeeze(-1), next_obs, term.squeeze(-1))
+
+
+class _Call(nn.Module):
+    """Holds an agent's modules as children so that `functional_call` can swap their weights, and runs
+    one of the agent's methods with them."""
+
+    def __init__(self, agent: Any, module_names: Sequence[str]):
+        super().__init__()
+        self.agent = [agent]  # a list: not a child module
+        for name in module_names:
+            self.add_module(name, getattr(agent, name))
+        self.method: Callable | None = None
+
+    def forward(self, *args):
+        return self.method(*args)
+
+
+class SeedBatch:
+    """S agents of one class as one: stacked weights, optimizers over them, and per-seed views
+    (`view(i)`) in the single-seed agent's checkpoint format.
+
+    `modules`: the agent's attributes holding networks (all stacked); `optimizers`: attributes holding
+    optimizers over those networks' parameters; `schedulers`: LR schedulers of those optimizers."""
+
+    def __init__(self, agents: list, modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = ()):
+        self.agents, self.modules, self.optimizers, self.schedulers = agents, list(modules), list(optimizers), list(schedulers)
+        template = agents[0]
+        self.call = _Call(template, self.modules)
+        names = [n for n, _ in self.call.named_parameters()]
+        members = [dict(_Call(a, self.modules).named_parameters()) for a in agents]
+        self.params = {n: torch.stack([m[n].detach() for m in members]).requires_grad_(members[0][n].requires_grad)
+                       for n in names}
+        buffer_members = [dict(_Call(a, self.modules).named_buffers()) for a in agents]
+        self.buffers = {n: torch.stack([m[n] for m in buffer_members]) for n in buffer_members[0]}
+        stacked_of = {id(p): self.params[n] for n, p in self.call.named_parameters()}
+        self.batched_optimizers = {}
+        for name in self.optimizers:
+            opt = getattr(template, name)
+            groups = [{**{k: v for k, v in g.items() if k not in ("params", "initial_lr")},
+                       "params": [stacked_of[id(p)] for p in g["params"]]} for g in opt.param_groups]
+            self.batched_optimizers[name] = type(opt)(groups, **{k: v for k, v in opt.defaults.items() if k != "lr"},
+                                                      lr=opt.defaults["lr"])
+        self.batched_schedulers = {}
+        for name in self.schedulers:  # LambdaLR (what offrl's algorithms use), in the template's state
+            sched = getattr(template, name)
+            opt_name = next(o for o in self.optimizers if getattr(template, o) is sched.optimizer)
+            batched = torch.optim.lr_scheduler.LambdaLR(self.batched_optimizers[opt_name], sched.lr_lambdas)
+            batched.load_state_dict(sched.state_dict())
+            self.batched_schedulers[name] = batched
+        self.seeds = len(agents)
+
+    # ------------------------------------------------------------------ running the agent's methods
+    def vmap(self, method: Callable, *args, randomness: str = "different"):
+        """`method(*args)` of the template agent for every seed at once: args carry a leading seed dim."""
+        def one(params, buffers, *a):
+            self.call.method = method
+            return torch.func.functional_call(self.call, (params, buffers), a)
+        return torch.func.vmap(one, randomness=randomness)(self.params, self.buffers, *args)
+
+    def params_of(self, module: str) -> list[torch.Tensor]:
+        prefix = module + "."
+        return [p for n, p in self.params.items() if n.startswith(prefix)]
+
+    def soft_update(self, target: str, source: str, tau: float) -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(self.params_of(target), self.params_of(source), tau)
+
+    def acting(self, method: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A policy for one vector env holding every seed's episodes in turn: obs [S * E, obs_dim]."""
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                out = self.vmap(method, obs.reshape(self.seeds, -1, obs.shape[-1]))
+            return out.reshape(obs.shape[0], -1)
+        return act
+
+    # ------------------------------------------------------------------ per-seed state
+    def write_back(self, i: int) -> None:
+        """Copy seed i's slice of every weight, optimizer and scheduler state into agent i."""
+        agent = self.agents[i]
+        with torch.no_grad():
+            for n, p in _Call(agent, self.modules).named_parameters():
+                p.copy_(self.params[n][i])
+        for name, batched in self.batched_optimizers.items():
+            getattr(agent, name).load_state_dict(_slice_optimizer_state(batched.state_dict(), i, self.seeds))
+        for name, batched in self.batched_schedulers.items():
+            getattr(agent, name).load_state_dict(batched.state_dict())
+
+    def restack(self) -> None:
+        """Agents -> stacked weights and optimizer states (after the agents were loaded from checkpoints)."""
+        members = [dict(_Call(a, self.modules).named_parameters()) for a in self.agents]
+        with torch.no_grad():
+            for n, stacked in self.params.items():
+                stacked.copy_(torch.stack([m[n].detach() for m in members]))
+        for name, batched in self.batched_optimizers.items():
+            states = [getattr(a, name).state_dict() for a in self.agents]
+            batched.load_state_dict(_stack_optimizer_states(states))
+        for name, batched in self.batched_schedulers.items():
+            batched.load_state_dict(getattr(self.agents[0], name).state_dict())
+
+    def view(self, i: int) -> "SeedView":
+        return SeedView(self, i)
+
+
+class SeedView:
+    """Seed i of a SeedBatch as the single-seed agent its run checkpoints."""
+
+    def __init__(self, batch: SeedBatch, i: int):
+        self.batch, self.i = batch, i
+
+    def state_dict(self) -> dict:
+        self.batch.write_back(self.i)
+        return self.batch.agents[self.i].state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch.agents[self.i].load_state_dict(state)
+
+
+def _slice_optimizer_state(state: dict, i: int, seeds: int) -> dict:
+    out = {"param_groups": state["param_groups"], "state": {}}
+    for key, entry in state["state"].items():
+        out["state"][key] = {k: (v[i].clone() if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == seeds else v)
+                             for k, v in entry.items()}
+    return out
+
+
+def _stack_optimizer_states(states: list[dict]) -> dict:
+    first = states[0]
+    out = {"param_groups": first["param_groups"], "state": {}}
+    for key, entry in first["state"].items():
+        out["state"][key] = {k: (torch.stack([s["state"][key][k] for s in states]) if torch.is_tensor(v) and v.dim() > 0 else v)
+                             for k, v in entry.items()}
+    return out
+
+
+class SeedRuns:
+    """One `offrl.run.Run` per seed (its own folder, logs, checkpoints), driven by one loop."""
+
+    def __init__(self, algo: str, cfgs: list, data: Any = None):
+        from offrl.run import Run
+
+        self.runs = [Run(algo, c, data, concurrent=True) for c in cfgs]
+        starts = {r.start_step for r in self.runs}
+        if len(starts) > 1:
+            found = ", ".join(f"seed {r.cfg.seed} at step {r.start_step}" for r in self.runs)
+            raise OffrlError(f"--seeds with --resume: the seeds' checkpoints are at different steps ({found}); "
+                             "resume them as separate runs")
+        self.start_step = starts.pop()
+        self.device = self.runs[0].device
+        self.cfg = cfgs[0]
+        if threading.current_thread() is threading.main_thread():  # one handler stops every seed's run
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._request_stop)
+
+    def _request_stop(self, signum, frame) -> None:
+        for run in self.runs:
+            run.stop_signal, first = signum, run.stop_signal is None
+        if not first:
+            raise KeyboardInterrupt
+        print(f"signal {signum}: stopping every seed after this step with a checkpoint", file=sys.stderr)
+
+    def steps(self, states: list[dict], after_restore: Callable[[], None] | None = None):
+        """Restore every seed's state when resuming (then `after_restore()`), and yield the steps."""
+        for run, state in zip(self.runs, states):
+            run.steps(state)
+        if self.start_step > 0 and after_restore is not None:
+            after_restore()
+        for step in range(self.start_step + 1, self.runs[0].total_steps + 1):
+            yield step
+            if self.runs[0].stop_signal is not None:
+                for run in self.runs:
+                    run.checkpoint(step, force=True)
+                    run.logger.close()
+                    run._restore_signals()
+                print(f"stopped after step {step}; checkpoints saved; continue with the same --seeds and "
+                      "--resume latest", file=sys.stderr)
+                raise SystemExit(128 + self.runs[0].stop_signal)
+
+    def log(self, step: int, metrics: dict[str, torch.Tensor]) -> None:
+        for i, run in enumerate(self.runs):
+            run.log(step, {k: v[i] for k, v in metrics.items()})
+
+    def evaluate(self, step: int, policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict) -> None:
+        """Every seed's evaluation episodes in one vector env, each seed's reset as in its own run."""
+        if not self.runs[0]._due(step, self.cfg.eval.every):
+            return
+        episodes = self.cfg.eval.episodes
+        seeds = [r.eval_seed + j for r in self.runs for j in range(episodes)]
+        result = evaluate(policy, metadata, episodes * len(self.runs), device=self.device, reset_seeds=seeds)
+        for run, part in zip(self.runs, result.split(len(self.runs))):
+            run.record_evaluation(step, part)
+
+    def checkpoint(self, step: int, states: list[dict]) -> None:
+        for run, state in zip(self.runs, states):
+            run.checkpoint(step, state)
+
+    def finish(self) -> list[dict]:
+        return [run.finish() for run in self.runs]
+
+
+def build_seeded(build: Callable[[Any], Any], cfgs: list) -> list:
+    """build(cfg) for every seed's config, with the global torch RNG seeded as a single-seed run seeds it."""
+    from offrl.run import seed_everything
+
+    agents = []
+    for cfg in cfgs:
+        seed_everything(cfg.seed)
+        agents.append(build(cfg))
+    return agents
+

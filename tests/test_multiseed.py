@@ -1,0 +1,72 @@
+"""Seeds trained as one batched model (`--seeds`): each seed's numbers against its single-seed run, resume,
+the per-seed run folders, and the errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
+
+ARGS = ["--eval.every", "100", "--eval.episodes", "3", "--log.every", "50", "--log.wandb", "disabled",
+        "--log.no-progress"]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_folder(root: Path, seed: int) -> Path:
+    (found,) = root.glob(f"iql/*/{seed}-*")
+    return found
+
+
+def test_each_seed_matches_its_single_seed_run(tiny, tmp_path):
+    """Batched matmuls sum in another order than single ones, so the seeds' losses agree with their single-seed
+    runs to rounding at first (rel 1e-5 at step 50) and drift slowly (rel 1e-2 by step 200); the evaluations,
+    deterministic policies on the same env seeds, give the same returns."""
+    run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "1", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "multi"))
+    for seed in (0, 1):
+        run_cli(PYTHON, "-m", "algos.iql", "--seed", str(seed), "--steps", "200", *ARGS,
+                "--run.out-dir", str(tmp_path / "single"))
+        batched, single = metrics(run_folder(tmp_path / "multi", seed)), metrics(run_folder(tmp_path / "single", seed))
+        assert [r["step"] for r in batched] == [r["step"] for r in single]
+        for a, b in zip(batched, single):
+            tolerance = 1e-5 if a["step"] <= 50 else 1e-2
+            for key in ("value_loss", "critic_loss", "actor_loss", "q_mean"):
+                if key in a:
+                    assert a[key] == pytest.approx(b[key], rel=tolerance, abs=1e-6), (seed, a["step"], key)
+            if "eval/return_mean" in a:
+                assert a["eval/return_mean"] == pytest.approx(b["eval/return_mean"], rel=1e-3)
+        config = json.loads((run_folder(tmp_path / "multi", seed) / "config.json").read_text())
+        assert config["seed"] == seed and config["seeds"] is None  # the folder is a single-seed run's
+    # seeds differ from each other
+    assert metrics(run_folder(tmp_path / "multi", 0))[0]["critic_loss"] != metrics(run_folder(tmp_path / "multi", 1))[0]["critic_loss"]
+
+
+def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone(tiny, tmp_path):
+    """Stopped after 100 steps and continued to 200, as one 200-step run (a constant actor lr: the cosine schedule
+    is a function of --steps)."""
+    ARGS = [*globals()["ARGS"], "--no-cosine-actor-lr"]
+    run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "straight"))
+    run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "100", *ARGS, "--run.out-dir", str(tmp_path / "split"))
+    run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "split"),
+            "--resume", "latest")
+    for seed in (3, 4):
+        straight, split = (json.loads((run_folder(tmp_path / name, seed) / "final.json").read_text())
+                           for name in ("straight", "split"))
+        for key in ("eval/return_mean", "train/critic_loss", "train/actor_loss", "train/value_loss"):
+            assert straight[key] == split[key], (seed, key)
+        a = torch.load(run_folder(tmp_path / "straight", seed) / "checkpoints" / "last.pt", weights_only=True)
+        assert a["format"]  # an offrl checkpoint; `offrl eval` rebuilds seed 3's agent alone from it:
+    assert_reevaluation_reproduces(run_folder(tmp_path / "straight", 3))
+
+
+def test_seeds_errors(tiny, tmp_path):
+    other = run_cli(PYTHON, "-m", "algos.td3_bc", "--seeds", "0", "1", "--steps", "10", "--run.out-dir", str(tmp_path),
+                    check=False)
+    assert other.returncode == 1 and "does not train seeds as one batched model yet" in other.stderr
+    twice = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
+                    check=False)
+    assert twice.returncode == 1 and "a seed is given twice" in twice.stderr and "Traceback" not in twice.stderr
