@@ -345,7 +345,8 @@ class Run:
         """Write final.json, print the final score, close the logger; return the final metrics."""
         self.progress.close()
         final = {
-            "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.total_steps,
+            "algo": self.algo, "dataset": self.cfg.run_label, "seed": self.cfg.seed, "steps": self.cfg.steps,
+            **({"total_steps": self.total_steps} if self.total_steps != self.cfg.steps else {}),
             "run_dir": str(self.dir), **self.last_eval, **{k: v for e in self.extra_evals.values() for k, v in e.items()},
             **{f"train/{k}": v for k, v in self.last_metrics.items()},
             "wall_seconds": self.wall_seconds(), "resumes": self.resumes, **(extra or {}),
@@ -374,8 +375,8 @@ def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | N
         if getattr(cfg, "seeds", None):
             train_seeds = getattr(sys.modules[train.__module__], "train_seeds", None)
             if train_seeds is None:
-                raise OffrlError(f"--seeds: {train.__module__} does not train seeds as one batched model yet (iql "
-                                 "does); run one process per seed (python -m benchmarks.sweep --seeds ...)")
+                raise OffrlError(f"--seeds: {train.__module__} does not train seeds as one batched model yet (iql and "
+                                 "td3_bc do); run one process per seed (python -m benchmarks.sweep --seeds ...)")
             train_seeds(cfg)
             return
         train(cfg)

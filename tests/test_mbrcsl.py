@@ -202,6 +202,7 @@ def test_mbrcsl_end_to_end_on_tiny(tiny, tmp_path, monkeypatch):
                     str(run_dir / "behaviour.pt"), "--run.out-dir", str(tmp_path / "b"))
     (second,) = (tmp_path / "b").glob("mbrcsl/*/*")
     assert json.loads((second / "final.json").read_text())["steps"] == 60 and not (second / "behaviour.pt").exists()
+    assert final["steps"] == 60 and final["total_steps"] == 120  # --steps as asked (sweeps compare it), then both phases
     assert "final normalized score" in again.stdout
 
 
