@@ -211,13 +211,7 @@ def train(cfg: Config) -> dict:
 def train_seeds(cfg: Config) -> list[dict]:
     """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
     from offrl import multiseed
-    from offrl.errors import OffrlError
 
-    if cfg.run.compile:
-        raise OffrlError("--seeds does not combine with --run.compile yet")
-    if cfg.data.corrupt is not None and cfg.data.corruption_seed is None:
-        raise OffrlError("--seeds with --data.corrupt: give --data.corruption-seed, so that every seed trains on the "
-                         "same corrupted data")
     cfgs = multiseed.seed_configs(cfg)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
     runs = multiseed.SeedRuns("iql", cfgs, data)

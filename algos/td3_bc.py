@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from offrl.checkpoint import Stateful
+from offrl.checkpoint import SeededGenerator, Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
@@ -72,7 +72,7 @@ def actor_loss(q_pi: torch.Tensor, pi: torch.Tensor, data_actions: torch.Tensor,
 
 
 class TD3BC(Stateful):
-    STATE = ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer")
+    STATE = ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer", "noise")
     VALUES = ("updates",)
 
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
@@ -85,38 +85,51 @@ class TD3BC(Stateful):
         fused = device.type in ("cpu", "cuda")
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.noise = SeededGenerator(device, cfg.seed)  # the smoothing noise's own stream (one per seed with --seeds)
         self.updates = 0
         self.actor_metrics: dict[str, torch.Tensor] = {}
         self._critic_step = torch.compile(self.critic_step) if cfg.run.compile else self.critic_step
         self._actor_step = torch.compile(self.actor_step) if cfg.run.compile else self.actor_step
 
-    def critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def smoothing_noise(self, actions: torch.Tensor) -> torch.Tensor:
+        """eps ~ N(0, 1) for the target policy's smoothing, from the agent's own generator."""
+        return torch.randn(actions.shape, device=actions.device, generator=self.noise.generator)
+
+    def critic_loss(self, batch: Batch, noise: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with torch.no_grad():
             scale = self.actor.action_scale
-            noise = (torch.randn_like(batch.actions) * self.cfg.policy_noise).clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
+            noise = (noise * self.cfg.policy_noise).clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
             next_actions = self.actor_target(batch.next_observations) + noise * scale
             next_actions = torch.maximum(torch.minimum(next_actions, self.actor.action_bias + scale), self.actor.action_bias - scale)
             target = critic_target(batch, self.critic_target(batch.next_observations, next_actions), self.cfg.gamma)
         q = self.critic(batch.observations, batch.actions)
         loss = ((q - target) ** 2).mean(dim=1).sum()
+        return loss, {"critic_loss": loss.detach(), "q_mean": q.detach().mean()}
+
+    def critic_step(self, batch: Batch, noise: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss, metrics = self.critic_loss(batch, noise)
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
         self.critic_opt.step()
-        return {"critic_loss": loss.detach(), "q_mean": q.detach().mean()}
+        return metrics
 
-    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def actor_objective(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         pi = self.actor(batch.observations)
         q_pi = self.critic(batch.observations, pi)[0]
         loss, lam = actor_loss(q_pi, pi, batch.actions, self.cfg.alpha)
+        return loss, {"actor_loss": loss.detach(), "lambda": lam.detach()}
+
+    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        loss, metrics = self.actor_objective(batch)
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward(inputs=list(self.actor.parameters()))
         self.actor_opt.step()
         soft_update(self.actor_target, self.actor, self.cfg.tau)
         soft_update(self.critic_target, self.critic, self.cfg.tau)
-        return {"actor_loss": loss.detach(), "lambda": lam.detach()}
+        return metrics
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        metrics = self._critic_step(batch)
+        metrics = self._critic_step(batch, self.smoothing_noise(batch.actions))
         self.updates += 1
         if self.updates % self.cfg.policy_freq == 0:
             self.actor_metrics = self._actor_step(batch)
@@ -143,6 +156,45 @@ def train(cfg: Config) -> dict:
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
     return run.finish()
+
+
+def train_seeds(cfg: Config) -> list[dict]:
+    """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each;
+    seed i draws its batches and smoothing noise from generators seeded as its single-seed run's."""
+    from offrl import multiseed
+
+    cfgs = multiseed.seed_configs(cfg)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
+    runs = multiseed.SeedRuns("td3_bc", cfgs, data)
+    samplers = multiseed.SeedSamplers(data.buffer(runs.device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+    agents = multiseed.build_seeded(lambda c: TD3BC(c, data, runs.device), cfgs)
+    batch = multiseed.SeedBatch(agents, ("actor", "critic", "actor_target", "critic_target"), ("actor_opt", "critic_opt"))
+    template = agents[0]
+    actor_opt, critic_opt = batch.batched_optimizers["actor_opt"], batch.batched_optimizers["critic_opt"]
+    states = [{"agent": batch.view(i), "buffer": samplers.views[i]} for i in range(len(cfgs))]
+    act = batch.acting(template.act)
+    actor_metrics: dict[str, torch.Tensor] = {}
+    for step in runs.steps(states, after_restore=batch.restack):
+        with runs.runs[0].precision():
+            sample = samplers.sample(cfg.batch_size)
+            noise = torch.stack([a.smoothing_noise(sample.actions[i]) for i, a in enumerate(agents)])
+            loss, metrics = batch.vmap(template.critic_loss, sample, noise)
+            critic_opt.zero_grad(set_to_none=True)
+            loss.sum().backward()  # each seed's weights get their own loss's gradient
+            critic_opt.step()
+            for agent in agents:
+                agent.updates += 1
+            if template.updates % cfg.policy_freq == 0:
+                loss, actor_metrics = batch.vmap(template.actor_objective, sample)
+                actor_opt.zero_grad(set_to_none=True)
+                loss.sum().backward(inputs=batch.params_of("actor"))
+                actor_opt.step()
+                batch.soft_update("actor_target", "actor", cfg.tau)
+                batch.soft_update("critic_target", "critic", cfg.tau)
+        runs.log(step, {**metrics, **actor_metrics})
+        runs.evaluate(step, act, data.metadata)
+        runs.checkpoint(step, states)
+    return runs.finish()
 
 
 if __name__ == "__main__":

@@ -182,3 +182,17 @@ class Stateful:
                     current.copy_(state[name])
             else:
                 setattr(self, name, type(current)(state[name]))
+
+
+class SeededGenerator:
+    """A torch.Generator that a run checkpoints (model rollouts, TD3+BC's smoothing noise) (state_dict / load_state_dict)."""
+
+    def __init__(self, device: torch.device | str, seed: int):
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def state_dict(self) -> dict:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["state"].cpu())

@@ -42,6 +42,10 @@ def seed_configs(cfg) -> list:
     seeds = list(cfg.seeds)
     if len(set(seeds)) != len(seeds):
         raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: a seed is given twice")
+    data = getattr(cfg, "data", None)
+    if data is not None and data.corrupt is not None and data.corruption_seed is None:
+        raise OffrlError("--seeds with --data.corrupt: give --data.corruption-seed, so that every seed trains on the "
+                         "same corrupted data")
     return [dataclasses.replace(cfg, seed=s, seeds=None) for s in seeds]
 
 
@@ -260,10 +264,12 @@ class SeedRuns:
         return [run.finish() for run in self.runs]
 
 
-def build_seeded(build: Callable[[Any], Any], cfgs: list) -> list:
+def build_seeded(build: Callable[[Any], Any], cfgs: list, compile_ok: bool = False) -> list:
     """build(cfg) for every seed's config, with the global torch RNG seeded as a single-seed run seeds it."""
     from offrl.run import seed_everything
 
+    if cfgs[0].run.compile and not compile_ok:
+        raise OffrlError("--seeds does not combine with --run.compile yet")
     agents = []
     for cfg in cfgs:
         seed_everything(cfg.seed)

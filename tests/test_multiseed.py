@@ -17,32 +17,34 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_folder(root: Path, seed: int) -> Path:
-    (found,) = root.glob(f"iql/*/{seed}-*")
+def run_folder(root: Path, seed: int, algo: str = "iql") -> Path:
+    (found,) = root.glob(f"{algo}/*/{seed}-*")
     return found
 
 
-def test_each_seed_matches_its_single_seed_run(tiny, tmp_path):
+@pytest.mark.parametrize("algo", ["iql", "td3_bc"])
+def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo):
     """Batched matmuls sum in another order than single ones, so the seeds' losses agree with their single-seed
-    runs to rounding at first (rel 1e-5 at step 50) and drift slowly (rel 1e-2 by step 200); the evaluations,
+    runs to rounding at first (rel 1e-4 at step 50) and drift slowly (rel 1e-2 by step 200); the evaluations,
     deterministic policies on the same env seeds, give the same returns."""
-    run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "1", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "multi"))
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--seeds", "0", "1", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "multi"))
     for seed in (0, 1):
-        run_cli(PYTHON, "-m", "algos.iql", "--seed", str(seed), "--steps", "200", *ARGS,
+        run_cli(PYTHON, "-m", f"algos.{algo}", "--seed", str(seed), "--steps", "200", *ARGS,
                 "--run.out-dir", str(tmp_path / "single"))
-        batched, single = metrics(run_folder(tmp_path / "multi", seed)), metrics(run_folder(tmp_path / "single", seed))
+        batched = metrics(run_folder(tmp_path / "multi", seed, algo))
+        single = metrics(run_folder(tmp_path / "single", seed, algo))
         assert [r["step"] for r in batched] == [r["step"] for r in single]
         for a, b in zip(batched, single):
-            tolerance = 1e-5 if a["step"] <= 50 else 1e-2
+            tolerance = 1e-4 if a["step"] <= 50 else 1e-2
             for key in ("value_loss", "critic_loss", "actor_loss", "q_mean"):
                 if key in a:
                     assert a[key] == pytest.approx(b[key], rel=tolerance, abs=1e-6), (seed, a["step"], key)
             if "eval/return_mean" in a:
                 assert a["eval/return_mean"] == pytest.approx(b["eval/return_mean"], rel=1e-3)
-        config = json.loads((run_folder(tmp_path / "multi", seed) / "config.json").read_text())
+        config = json.loads((run_folder(tmp_path / "multi", seed, algo) / "config.json").read_text())
         assert config["seed"] == seed and config["seeds"] is None  # the folder is a single-seed run's
-    # seeds differ from each other
-    assert metrics(run_folder(tmp_path / "multi", 0))[0]["critic_loss"] != metrics(run_folder(tmp_path / "multi", 1))[0]["critic_loss"]
+    first = [metrics(run_folder(tmp_path / "multi", seed, algo))[0]["critic_loss"] for seed in (0, 1)]
+    assert first[0] != first[1]  # the seeds differ from each other
 
 
 def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone(tiny, tmp_path):
@@ -64,7 +66,7 @@ def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone
 
 
 def test_seeds_errors(tiny, tmp_path):
-    other = run_cli(PYTHON, "-m", "algos.td3_bc", "--seeds", "0", "1", "--steps", "10", "--run.out-dir", str(tmp_path),
+    other = run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "10", "--run.out-dir", str(tmp_path),
                     check=False)
     assert other.returncode == 1 and "does not train seeds as one batched model yet" in other.stderr
     twice = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "0", "--steps", "10", "--run.out-dir", str(tmp_path),

@@ -23,23 +23,10 @@ from typing import Callable
 
 import torch
 
+from offrl.checkpoint import SeededGenerator  # noqa: F401 (re-exported)
 from offrl.data.buffer import Batch, ReplayBuffer
 from world_models.ensemble import DynamicsEnsemble
 from world_models.termination import TerminationFn
-
-
-class SeededGenerator:
-    """A torch.Generator for rollouts that a run checkpoints (state_dict / load_state_dict)."""
-
-    def __init__(self, device: torch.device | str, seed: int):
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
-
-    def state_dict(self) -> dict:
-        return {"state": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["state"].cpu())
 
 
 @dataclass
