@@ -18,6 +18,8 @@ normalized with std + 1e-3, no reward normalization.
 Deviations: the twin critics are one batched ensemble (same maths as two networks); noise scale and
 clip use the per-dimension half-range of the action box (the paper's max_action for symmetric boxes);
 the actor loss back-propagates into the actor only (the paper computes, then discards, critic grads).
+The smoothing noise comes from the agent's own generator seeded with --seed (checkpointed), so that a
+seed trained inside a batched `--seeds` run draws the same noise as its single-seed run.
 """
 
 from __future__ import annotations
