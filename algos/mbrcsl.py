@@ -79,7 +79,8 @@ class RCSLOptions:
 @dataclass
 class Config(TrainConfig):
     steps: int = 10_000
-    """Most RCSL gradient steps (early stopping usually ends sooner); the behaviour policy's come before them."""
+    """Most RCSL gradient steps (early stopping usually ends sooner); the behaviour policy's come before them.
+    0: train the behaviour policy and make the rollouts only (a resume with more steps trains RCSL on them)."""
     behaviour: generative.BehaviourConfig = field(default_factory=generative.BehaviourConfig)
     behaviour_policy: Optional[str] = None
     """A behaviour-policy file (<run>/behaviour.pt of an earlier run) to roll out instead of training one."""
@@ -332,6 +333,30 @@ def train(cfg: Config) -> dict:
         return rcsl.RCSL(rcsl_config(cfg, rtg_scale), normalize_states(kept, mean, std), StateNormalizer(mean, std, device),
                          data.action_low, data.action_high, device, cfg.seed)
 
+    def collect_rollouts(done_step: int) -> dict:
+        """Rollout epochs until the collector is done, checkpointed as step `done_step`; the kept rollouts
+        go to <run>/rollouts.npz. No kept rollout ends the run with an error."""
+        while not collector.done:
+            collector.epoch(behaviour.sampler())
+            if collector.epochs % 10 == 0 or collector.done:
+                print(f"mbrcsl rollouts: epoch {collector.epochs}, {collector.kept_count} kept of "
+                      f"{collector.epochs * cfg.rollout_batch}", file=sys.stderr, flush=True)
+                run.checkpoint(done_step, force=True)
+            run.stop_if_signalled(done_step)
+        summary = collector.summary()
+        run.log_values(done_step + 1, summary)
+        if collector.kept_count == 0:
+            run.finish({**summary, "model_file": model_file})
+            raise OffrlError(f"mbrcsl: none of {summary['rollouts/made']} rollouts passed the threshold {threshold:.2f} "
+                             f"(best rollout return {summary.get('rollouts/return_max', float('nan')):.2f}); RCSL was "
+                             "not trained. Lower --threshold or raise --max-rollout-epochs")
+        if collector.kept_count < cfg.num_trajectories:
+            print(f"warning: only {collector.kept_count} of {cfg.num_trajectories} wanted rollouts passed the "
+                  f"threshold in {collector.epochs} epochs; RCSL trains on those", file=sys.stderr)
+        to_dataset(collector.kept_rollouts(), {**data.metadata, "name": f"{cfg.dataset} (MBRCSL rollouts)"}).save_npz(
+            str(run.dir / "rollouts.npz"))
+        return summary
+
     slot = RCSLSlot(build_rcsl)
     state = {"behaviour": behaviour, "rollouts": collector, "rcsl": slot}
     print(f"mbrcsl: threshold {threshold:.2f}, horizon {horizon}, rollouts of {cfg.rollout_batch} until "
@@ -351,25 +376,7 @@ def train(cfg: Config) -> dict:
                 run.checkpoint(step, state)
             continue
         if slot.agent is None:  # phase 2: rollouts in the model, resumable between epochs
-            while not collector.done:
-                collector.epoch(behaviour.sampler())
-                if collector.epochs % 10 == 0 or collector.done:
-                    print(f"mbrcsl rollouts: epoch {collector.epochs}, {collector.kept_count} kept of "
-                          f"{collector.epochs * cfg.rollout_batch}", file=sys.stderr, flush=True)
-                    run.checkpoint(step - 1, force=True)
-                run.stop_if_signalled(step - 1)
-            summary = collector.summary()
-            run.log_values(step, summary)
-            if collector.kept_count == 0:
-                run.finish({**summary, "model_file": model_file})
-                raise OffrlError(f"mbrcsl: none of {summary['rollouts/made']} rollouts passed the threshold {threshold:.2f} "
-                                 f"(best rollout return {summary.get('rollouts/return_max', float('nan')):.2f}); RCSL was "
-                                 "not trained. Lower --threshold or raise --max-rollout-epochs")
-            if collector.kept_count < cfg.num_trajectories:
-                print(f"warning: only {collector.kept_count} of {cfg.num_trajectories} wanted rollouts passed the "
-                      f"threshold in {collector.epochs} epochs; RCSL trains on those", file=sys.stderr)
-            to_dataset(collector.kept_rollouts(), {**data.metadata, "name": f"{cfg.dataset} (MBRCSL rollouts)"}).save_npz(
-                str(run.dir / "rollouts.npz"))
+            collect_rollouts(step - 1)
             slot.agent = build_rcsl()
         agent = slot.agent  # phase 3: RCSL on the kept rollouts
         if agent.checks_without_improvement >= agent.cfg.patience:
@@ -386,8 +393,11 @@ def train(cfg: Config) -> dict:
         else:
             run.checkpoint(step, state)
     agent = slot.agent
-    if agent is None:
-        raise OffrlError("mbrcsl: the run ended before its RCSL phase began")
+    if agent is None:  # --steps 0: the behaviour policy and the rollouts only
+        summary = collect_rollouts(behaviour_steps)
+        run.checkpoint(behaviour_steps, state, force=True)  # a resume with more --steps trains RCSL on them
+        print(f"mbrcsl: --steps 0, RCSL not trained; {collector.kept_count} kept rollouts in {run.dir / 'rollouts.npz'}")
+        return run.finish({**summary, "model_file": model_file})
     agent.restore_best()
     target = float(collector.kept_rollouts().returns.max())
     run.evaluate(step, agent.policy.actor(target), data.metadata, force=True)

@@ -206,6 +206,26 @@ def test_mbrcsl_end_to_end_on_tiny(tiny, tmp_path, monkeypatch):
     assert "final normalized score" in again.stdout
 
 
+def test_mbrcsl_resumed_after_its_rollouts_ends_as_one_straight_run(tiny, tmp_path, monkeypatch):
+    """--steps 0 stops after the behaviour policy and the rollouts (checkpointed); resuming with --steps 60
+    trains RCSL on the same rollouts and ends with the numbers of a straight 60-step run."""
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
+    at = FAST.index("--steps")
+    fast = FAST[:at] + FAST[at + 2:]
+    run_cli(PYTHON, "-m", "algos.mbrcsl", *fast, "--steps", "60", "--threshold", "0", "--run.out-dir", str(tmp_path / "straight"))
+    first = run_cli(PYTHON, "-m", "algos.mbrcsl", *fast, "--steps", "0", "--threshold", "0",
+                    "--run.out-dir", str(tmp_path / "split"))
+    assert "RCSL not trained" in first.stdout
+    (split_dir,) = (tmp_path / "split").glob("mbrcsl/*/*")
+    assert (split_dir / "rollouts.npz").exists() and "eval/return_mean" not in json.loads((split_dir / "final.json").read_text())
+    run_cli(PYTHON, "-m", "algos.mbrcsl", *fast, "--steps", "60", "--threshold", "0", "--run.out-dir",
+            str(tmp_path / "split"), "--resume", "latest")
+    (straight_dir,) = (tmp_path / "straight").glob("mbrcsl/*/*")
+    a, b = (json.loads((d / "final.json").read_text()) for d in (straight_dir, split_dir))
+    for key in ("eval/return_mean", "rollouts/kept", "target_return", "train/loss", "best_holdout_loss"):
+        assert a[key] == b[key], key
+
+
 def test_mbrcsl_says_when_no_rollout_passes_the_threshold(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
     result = run_cli(PYTHON, "-m", "algos.mbrcsl", *FAST, "--threshold", "1e9", "--run.out-dir", str(tmp_path),
