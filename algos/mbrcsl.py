@@ -381,17 +381,8 @@ def train(cfg: Config) -> dict:
         agent = slot.agent  # phase 3: RCSL on the kept rollouts
         if agent.checks_without_improvement >= agent.cfg.patience:
             break  # early-stopped before a resume
-        with run.precision():
-            metrics = agent.update(agent.cfg.batch_size)
-        run.log(step, metrics)
-        if (step - behaviour_steps) % agent.cfg.holdout_every == 0:
-            stop = agent.check()
-            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
-            run.checkpoint(step, state, force=True)
-            if stop:
-                break
-        else:
-            run.checkpoint(step, state)
+        if rcsl.run_step(run, agent, step, step - behaviour_steps, state):
+            break
     agent = slot.agent
     if agent is None:  # --steps 0: the behaviour policy and the rollouts only
         summary = collect_rollouts(behaviour_steps)

@@ -217,6 +217,21 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
     return lambda: agent.update(cfg.batch_size)
 
 
+def run_step(run: Run, agent: RCSL, step: int, rcsl_step: int, state: dict) -> bool:
+    """One gradient step inside a run: log, the hold-out check every `holdout_every` RCSL steps (with a
+    checkpoint), else the periodic checkpoint. Returns True when early stopping says to stop."""
+    with run.precision():
+        metrics = agent.update(agent.cfg.batch_size)
+    run.log(step, metrics)
+    if rcsl_step % agent.cfg.holdout_every == 0:
+        stop = agent.check()
+        run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
+        run.checkpoint(step, state, force=True)
+        return stop
+    run.checkpoint(step, state)
+    return False
+
+
 def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cpu", seed: int = 0,
                  normalizer: StateNormalizer | None = None, action_low=None, action_high=None) -> RCSLPolicy:
     """Train an RCSL policy on any dataset (e.g. model rollouts) with hold-out early stopping; returns
@@ -265,17 +280,8 @@ def train(cfg: Config) -> dict:
     state = {"agent": agent}
     step = run.start_step
     for step in run.steps(state):
-        with run.precision():
-            metrics = agent.update(cfg.batch_size)
-        run.log(step, metrics)
-        if step % cfg.holdout_every == 0:
-            stop = agent.check()
-            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
-            run.checkpoint(step, state, force=True)
-            if stop:
-                break
-        else:
-            run.checkpoint(step, state)
+        if run_step(run, agent, step, step, state):
+            break
     per_target = {}
     for name, policy in eval_policies(cfg, agent, data.metadata, targets).items():
         summary = run.evaluate(step, policy, data.metadata, force=True, prefix=None if name == "eval" else name)
