@@ -83,7 +83,8 @@ class Config(TrainConfig):
     0: train the behaviour policy and make the rollouts only (a resume with more steps trains RCSL on them)."""
     behaviour: generative.BehaviourConfig = field(default_factory=generative.BehaviourConfig)
     behaviour_policy: Optional[str] = None
-    """A behaviour-policy file (<run>/behaviour.pt of an earlier run) to roll out instead of training one."""
+    """A behaviour-policy file (<run>/behaviour.pt of an earlier run) to roll out instead of training one; '{seed}'
+    in it becomes --seed, for sweeps."""
     threshold: Optional[float] = None
     """Keep rollouts whose return exceeds this (default: the dataset's best episode return)."""
     num_trajectories: int = 100
@@ -308,9 +309,10 @@ def train(cfg: Config) -> dict:
     observations = torch.as_tensor(dataset.observations, device=device)
     actions = torch.as_tensor(dataset.actions, device=device)
     if cfg.behaviour_policy:
-        loaded, _, _ = generative.load(cfg.behaviour_policy, device)
+        behaviour_file = cfg.behaviour_policy.replace("{seed}", str(cfg.seed))
+        loaded, _, _ = generative.load(behaviour_file, device)
         if (loaded.obs_dim, loaded.act_dim) != (dataset.obs_dim, dataset.act_dim):
-            raise OffrlError(f"--behaviour-policy {cfg.behaviour_policy}: acts on {loaded.obs_dim}-dim states and "
+            raise OffrlError(f"--behaviour-policy {behaviour_file}: acts on {loaded.obs_dim}-dim states and "
                              f"{loaded.act_dim}-dim actions, the dataset has {dataset.obs_dim} and {dataset.act_dim}")
         behaviour = FixedPolicy(loaded)
     else:
