@@ -241,18 +241,54 @@ class RolloutCollector:
 
 
 class RCSLSlot:
-    """The RCSL agent, built once the rollouts are in (the checkpoint rebuilds it from them)."""
+    """The RCSL agent, built once the rollouts are in (the checkpoint rebuilds it from them). Its state also
+    holds the conditioning target and return scale, so that `offrl eval` can act without the rollouts."""
 
     def __init__(self, build):
         self.build, self.agent = build, None
 
     def state_dict(self) -> dict:
-        return self.agent.state_dict() if self.agent is not None else {}
+        if self.agent is None:
+            return {}
+        return {**self.agent.state_dict(), "target_return": self.agent.target_return,
+                "rtg_scale": float(self.agent.policy.rtg_scale)}
 
     def load_state_dict(self, state: dict) -> None:
         if state:
             self.agent = self.build()
             self.agent.load_state_dict(state)
+
+
+class EvalAgent:
+    """For `offrl eval`: the RCSL policy of a saved run (its best hold-out weights) and its target."""
+
+    def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
+        self.cfg, self.data, self.device = cfg, data, device
+        self.policy, self.target_return = None, None
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            raise OffrlError("mbrcsl: this checkpoint was saved before the RCSL phase; nothing to evaluate yet")
+        dim = self.data.obs_dim
+        normalizer = StateNormalizer(np.zeros(dim, np.float32), np.ones(dim, np.float32), self.device)
+        self.policy = rcsl.RCSLPolicy(dim, self.data.act_dim, rcsl_config(self.cfg, float(state["rtg_scale"])), 1,
+                                      normalizer, self.data.action_low, self.data.action_high).to(self.device)
+        self.policy.load_state_dict(state["policy"])
+        if state["best_state"]:
+            self.policy.net.load_state_dict(state["best_state"])
+        self.target_return = float(state["target_return"])
+
+
+def eval_setup(cfg: Config, device: torch.device) -> tuple[EvalAgent, dict]:
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    return EvalAgent(cfg, data, device), data.metadata
+
+
+def eval_policies(cfg: Config, agent: EvalAgent, metadata: dict, targets=None) -> dict:
+    """The RCSL policy conditioned on the best kept return (or on each of `targets`)."""
+    from offrl.eval_run import target_policies
+
+    return target_policies(targets or [agent.target_return], agent.policy.actor)
 
 
 class FixedPolicy:
@@ -332,8 +368,10 @@ def train(cfg: Config) -> dict:
         kept = to_dataset(collector.kept_rollouts(), data.metadata)
         rtg_scale = cfg.rcsl.rtg_scale or max(float(kept.episode_returns().max()), 1e-6)
         mean, std = state_stats(kept.observations)
-        return rcsl.RCSL(rcsl_config(cfg, rtg_scale), normalize_states(kept, mean, std), StateNormalizer(mean, std, device),
-                         data.action_low, data.action_high, device, cfg.seed)
+        agent = rcsl.RCSL(rcsl_config(cfg, rtg_scale), normalize_states(kept, mean, std), StateNormalizer(mean, std, device),
+                          data.action_low, data.action_high, device, cfg.seed)
+        agent.target_return = float(collector.kept_rollouts().returns.max())
+        return agent
 
     def collect_rollouts(done_step: int) -> dict:
         """Rollout epochs until the collector is done, checkpointed as step `done_step`; the kept rollouts
@@ -360,7 +398,7 @@ def train(cfg: Config) -> dict:
         return summary
 
     slot = RCSLSlot(build_rcsl)
-    state = {"behaviour": behaviour, "rollouts": collector, "rcsl": slot}
+    state = {"behaviour": behaviour, "rollouts": collector, "agent": slot}
     print(f"mbrcsl: threshold {threshold:.2f}, horizon {horizon}, rollouts of {cfg.rollout_batch} until "
           f"{cfg.num_trajectories} kept (at most {cfg.max_rollout_epochs} epochs), model {model_file}", file=sys.stderr)
     step = run.start_step
@@ -392,7 +430,7 @@ def train(cfg: Config) -> dict:
         print(f"mbrcsl: --steps 0, RCSL not trained; {collector.kept_count} kept rollouts in {run.dir / 'rollouts.npz'}")
         return run.finish({**summary, "model_file": model_file})
     agent.restore_best()
-    target = float(collector.kept_rollouts().returns.max())
+    target = agent.target_return
     run.evaluate(step, agent.policy.actor(target), data.metadata, force=True)
     return run.finish({**collector.summary(), "target_return": target, "model_file": model_file,
                        "rcsl_steps": step - behaviour_steps, "best_holdout_loss": agent.best_loss})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from algos.mbrcsl import Config, RolloutCollector, Rollouts, above_threshold, rollout_full, to_dataset
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 from offrl import generative
 from offrl.data.sequences import returns_to_go
 from offrl.errors import CheckpointError
@@ -196,6 +196,7 @@ def test_mbrcsl_end_to_end_on_tiny(tiny, tmp_path, monkeypatch):
 
     kept = load_dataset(str(run_dir / "rollouts.npz"))
     assert kept.num_episodes == final["rollouts/kept"] and np.all(kept.episode_returns() > 0)
+    assert_reevaluation_reproduces(run_dir)  # `offrl eval` rebuilds the RCSL policy and its target from the checkpoint
 
     # the saved behaviour policy replaces the behaviour-cloning phase of another run
     again = run_cli(PYTHON, "-m", "algos.mbrcsl", *FAST, "--threshold", "0", "--behaviour-policy",
