@@ -22,19 +22,20 @@ def rows(roots: list[Path]) -> list[dict]:
     for root in roots:
         for final_path in sorted(root.glob("**/mbrcsl/*/*/final.json")):
             final = json.loads(final_path.read_text())
-            found.append({"dataset": final["dataset"], "seed": final["seed"], **final})
-    return sorted(found, key=lambda r: (r["dataset"], r["seed"]))
+            variant = final_path.parents[3].name  # <root>/<variant>/mbrcsl/<dataset>/<seed>-sweep/final.json
+            found.append({"variant": variant, **final})
+    return sorted(found, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
 
 
 def markdown(found: list[dict]) -> str:
-    head = "| dataset | seed | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (2 + len(COLUMNS))]
+    head = "| variant | dataset | seed | " + " | ".join(name for _, name, _ in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(COLUMNS))]
     for r in found:
         cells = []
         for key, _, fmt in COLUMNS:
             value = r.get(key)
             cells.append("-" if value is None else fmt.format(int(value) if fmt == "{:d}" else float(value)))
-        lines.append(f"| {r['dataset']} | {r['seed']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['variant']} | {r['dataset']} | {r['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
