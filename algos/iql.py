@@ -225,7 +225,7 @@ def train_seeds(cfg: Config) -> list[dict]:
     states = [{"agent": batch.view(i), "buffer": samplers.views[i]} for i in range(len(cfgs))]
     act = batch.acting(template.act)
     for step in runs.steps(states, after_restore=batch.restack):
-        with runs.runs[0].precision():
+        with runs.precision():
             sample = samplers.sample(cfg.batch_size)
             value_loss, target_q, v = batch.vmap(template.value_loss, sample)
             value_opt.zero_grad(set_to_none=True)

@@ -44,13 +44,14 @@ import torch
 
 from algos import rcsl
 from offrl import generative
-from offrl.config import DataConfig, EvalConfig, TrainConfig
+from offrl.config import DataConfig, EvalConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer, normalize_states, state_stats
 from offrl.errors import OffrlError
 from offrl.run import Run, cli_main
-from world_models.ensemble import DynamicsEnsemble, EnsembleConfig
-from world_models.rollout import ModelData, model_step
+from world_models.ensemble import DynamicsEnsemble
+from world_models.config import DynamicsModelConfig
+from world_models.rollout import ModelData, load_dynamics, model_step
 from world_models.termination import TerminationFn
 
 
@@ -77,7 +78,7 @@ class RCSLOptions:
 
 
 @dataclass
-class Config(TrainConfig):
+class Config(DynamicsModelConfig):
     steps: int = 10_000
     """Most RCSL gradient steps (early stopping usually ends sooner); the behaviour policy's come before them.
     0: train the behaviour policy and make the rollouts only (a resume with more steps trains RCSL on them)."""
@@ -96,13 +97,6 @@ class Config(TrainConfig):
     horizon: Optional[int] = None
     """Rollout length (default: the env's time limit, else the longest episode in the data)."""
     rcsl: RCSLOptions = field(default_factory=RCSLOptions)
-    model: EnsembleConfig = field(default_factory=EnsembleConfig)
-    model_seed: Optional[int] = None
-    """Seed of the dynamics model's training (default: the run's --seed)."""
-    model_path: Optional[str] = None
-    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
-    retrain_model: bool = False
-    """Train the dynamics model anew even when one is cached."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=0, episodes=10))
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -333,14 +327,7 @@ def train(cfg: Config) -> dict:
     device = run.device
     dataset = data.dataset
 
-    from offrl.evaluation import env_spec_from_metadata
-    from world_models.termination import termination_fn
-    from world_models.train import load_or_train
-
-    model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
-    model, model_path = load_or_train(dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
-    model_file = str(model_path)
-    termination = termination_fn(env_spec_from_metadata(data.metadata))
+    model, model_file, termination = load_dynamics(data, cfg, device)
 
     observations = torch.as_tensor(dataset.observations, device=device)
     actions = torch.as_tensor(dataset.actions, device=device)

@@ -177,7 +177,7 @@ def train_seeds(cfg: Config) -> list[dict]:
     act = batch.acting(template.act)
     actor_metrics: dict[str, torch.Tensor] = {}
     for step in runs.steps(states, after_restore=batch.restack):
-        with runs.runs[0].precision():
+        with runs.precision():
             sample = samplers.sample(cfg.batch_size)
             noise = torch.stack([a.smoothing_noise(sample.actions[i]) for i, a in enumerate(agents)])
             loss, metrics = batch.vmap(template.critic_loss, sample, noise)

@@ -31,8 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from offrl.data import Batch
-from offrl.data.buffer import ReplayBuffer
+from offrl.data.buffer import Batch, ReplayBuffer
 from offrl.errors import OffrlError
 from offrl.evaluation import evaluate
 
@@ -62,9 +61,7 @@ class SeedSamplers:
 
     def sample(self, batch_size: int) -> Batch:
         """[S, B, ...] batches: row block i drawn by seed i's generator."""
-        index = torch.stack([v.sample_index(batch_size) for v in self.views])
-        obs, act, rew, next_obs, term = self.buffer.storage[index].split(self.buffer._split, dim=-1)
-        return Batch(obs, act, rew.squeeze(-1), next_obs, term.squeeze(-1))
+        return self.buffer.gather(torch.stack([v.sample_index(batch_size) for v in self.views]))
 
 
 class _Call(nn.Module):
@@ -219,11 +216,15 @@ class SeedRuns:
                 signal.signal(sig, self._request_stop)
 
     def _request_stop(self, signum, frame) -> None:
-        for run in self.runs:
-            run.stop_signal, first = signum, run.stop_signal is None
-        if not first:
+        if self.runs[0].stop_signal is not None:  # a second signal: stop now; the last periodic checkpoints stand
             raise KeyboardInterrupt
+        for run in self.runs:
+            run.stop_signal = signum
         print(f"signal {signum}: stopping every seed after this step with a checkpoint", file=sys.stderr)
+
+    def precision(self):
+        """Context for one batched gradient step (`--run.precision`, the same for every seed)."""
+        return self.runs[0].precision()
 
     def steps(self, states: list[dict], after_restore: Callable[[], None] | None = None):
         """Restore every seed's state when resuming (then `after_restore()`), and yield the steps."""

@@ -1,4 +1,4 @@
-"""Options every model-based algorithm shares: SAC's sizes, the rollout schedule, the dynamics model."""
+"""Options every model-based algorithm shares: the dynamics model (also MBRCSL's), SAC's sizes, the rollout schedule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,21 @@ from world_models.ensemble import EnsembleConfig
 
 
 @dataclass
-class ModelBasedConfig(TrainConfig):
+class DynamicsModelConfig(TrainConfig):
+    """The dynamics ensemble an algorithm learns from its data, or reuses (`world_models.rollout.load_dynamics`)."""
+
+    model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    model_seed: Optional[int] = None
+    """Seed of the dynamics model's training (default: the run's --seed). One value for every seed shares
+    one cached model across a sweep's seeds; the spread over seeds then excludes the model's."""
+    model_path: Optional[str] = None
+    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
+    retrain_model: bool = False
+    """Train the dynamics model anew even when one is cached."""
+
+
+@dataclass
+class ModelBasedConfig(DynamicsModelConfig):
     steps: int = 3_000_000
     """Gradient steps (3000 epochs of 1000)."""
     batch_size: int = 256
@@ -37,14 +51,6 @@ class ModelBasedConfig(TrainConfig):
     """Rollout rounds the model buffer keeps."""
     real_ratio: float = 0.05
     """Fraction of each batch drawn from the dataset."""
-    model: EnsembleConfig = field(default_factory=EnsembleConfig)
-    model_seed: Optional[int] = None
-    """Seed of the dynamics model's training (default: the run's --seed). One value for every seed shares
-    one cached model across a sweep's seeds; the spread over seeds then excludes the model's."""
-    model_path: Optional[str] = None
-    """A trained dynamics model (python -m world_models.train); default: the cached one, trained if missing."""
-    retrain_model: bool = False
-    """Train the dynamics model anew even when one is cached."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
 
 

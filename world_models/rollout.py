@@ -138,6 +138,18 @@ def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_r
     return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))
 
 
+def load_dynamics(data, cfg, device: torch.device) -> tuple[DynamicsEnsemble, str, TerminationFn]:
+    """From a `DynamicsModelConfig` (model, model_seed, model_path, retrain_model, seed): the cached or newly
+    trained ensemble of `data`, its file, and the termination function of the data's env."""
+    from offrl.evaluation import env_spec_from_metadata
+    from world_models.termination import termination_fn
+    from world_models.train import load_or_train
+
+    model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
+    model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
+    return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
+
+
 class ModelData:
     """What a model-based run keeps beside its agent: the dataset buffer, the model buffer (FIFO of
     `rollout_batch * horizon * retain_epochs` rows), the start-state sampler and the rollout RNG. All of
@@ -165,14 +177,8 @@ class ModelData:
         """From an algorithm's config (model, model_seed, model_path, retrain_model,
         rollout_batch, retain_epochs, seed): the cached or newly trained model, the env's termination
         function and the buffers."""
-        from offrl.evaluation import env_spec_from_metadata
-        from world_models.termination import termination_fn
-        from world_models.train import load_or_train
-
-        model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
-        model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
-        termination = termination_fn(env_spec_from_metadata(data.metadata))
-        return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), str(model_file)
+        model, model_file, termination = load_dynamics(data, cfg, device)
+        return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), model_file
 
     def objects(self) -> dict:
         return {"real": self.real, "model_buffer": self.fake, "starts": self.starts, "rollout_rng": self.rng}

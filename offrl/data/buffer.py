@@ -93,8 +93,9 @@ class ReplayBuffer:
         return torch.searchsorted(self.cdf, u, right=True).clamp_(max=self.size - 1)
 
     def gather(self, index: torch.Tensor) -> Batch:
-        obs, act, rew, next_obs, term = self.storage[index].split(self._split, dim=1)
-        return Batch(obs, act, rew.squeeze(1), next_obs, term.squeeze(1))
+        """The rows `index` names; an index of shape [..., B] gives fields [..., B, dim] (e.g. [seeds, B])."""
+        obs, act, rew, next_obs, term = self.storage[index].split(self._split, dim=-1)
+        return Batch(obs, act, rew.squeeze(-1), next_obs, term.squeeze(-1))
 
     def state_dict(self) -> dict:
         state = {"generator": self.generator.get_state(), "size": self.size, "position": self.position}
