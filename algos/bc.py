@@ -29,6 +29,7 @@ from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
+from offrl.graphs import GraphedStep
 from offrl.nets import DeterministicActor
 from offrl.run import Run, cli_main
 
@@ -59,7 +60,8 @@ class BC(Stateful):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, fused=device.type in ("cpu", "cuda"))
-        self._step = torch.compile(self.step) if cfg.run.compile else self.step
+        self._step = GraphedStep(torch.compile(self.step) if cfg.run.compile else self.step, device,
+                                 cfg.run.cuda_graph, optimizers=(self.optimizer,))
 
     def step(self, batch: Batch) -> dict[str, torch.Tensor]:
         loss = bc_loss(self.actor(batch.observations), batch.actions)

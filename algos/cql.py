@@ -58,8 +58,10 @@ import torch.nn.functional as F
 from offrl.checkpoint import Stateful
 from offrl.config import TrainConfig
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
+from offrl.graphs import GraphedStep
 from offrl.losses import subsampled_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.optim import adam
 from offrl.run import Run, cli_main
 
 
@@ -168,18 +170,19 @@ class CQL(Stateful):
         high = torch.as_tensor(data.action_high, device=device)
         self.action_low, self.action_range = low, high - low
         self.log_uniform = -float(torch.log(high - low).sum())
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.actor_lr)
-        self.lagrange_opt = torch.optim.Adam([self.log_lagrange], lr=cfg.critic_lr)
+        self.actor_opt = adam([{"params": self.actor.parameters(), "lr": cfg.actor_lr}], device)
+        self.critic_opt = adam([{"params": self.critic.parameters(), "lr": cfg.critic_lr}], device)
+        self.alpha_opt = adam([{"params": [self.log_alpha], "lr": cfg.actor_lr}], device)
+        self.lagrange_opt = adam([{"params": [self.log_lagrange], "lr": cfg.critic_lr}], device)
         self.updates = 0
         self._critic_loss = torch.compile(self.critic_loss) if cfg.run.compile else self.critic_loss
+        self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph, optimizers=(
+            self.actor_opt, self.critic_opt, self.alpha_opt, self.lagrange_opt))
 
     def critic_loss(self, batch: Batch,
                     lower_bound: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`lower_bound` [B]: Cal-QL's Monte-Carlo return-to-go of the batch's states (None: CQL)."""
-        cfg, (B, obs_dim), n = self.cfg, batch.observations.shape, self.cfg.n_actions
+        cfg, B, n = self.cfg, batch.observations.shape[0], self.cfg.n_actions
         k = cfg.critic_subsample
         alpha = self.log_alpha.detach().exp()
         obs_rep = batch.observations.repeat_interleave(n, dim=0)  # [B*N, obs]
@@ -242,6 +245,13 @@ class CQL(Stateful):
         return loss, alpha_loss, {"actor_loss": loss.detach(), "alpha": alpha, "entropy": -log_prob.detach().mean()}
 
     def update(self, batch: Batch, lower_bound: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        cloning = self.updates < self.cfg.bc_steps  # the actor's objective: a variant of the graph each
+        metrics = self._gradient_step(batch, lower_bound, key=cloning)
+        self.updates += 1
+        return metrics
+
+    def gradient_step(self, batch: Batch, lower_bound: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The step's device work (a CUDA graph on CUDA, offrl/graphs.py)."""
         actor_loss, alpha_loss, actor_metrics = self.actor_loss(batch)
         self.actor_opt.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=list(self.actor.parameters()))
@@ -260,7 +270,6 @@ class CQL(Stateful):
         self.alpha_opt.step()
         self.critic_opt.step()
         soft_update(self.critic_target, self.critic, self.cfg.tau)
-        self.updates += 1
         return {**metrics, **actor_metrics}
 
     @torch.no_grad()

@@ -40,6 +40,7 @@ import torch
 from offrl.checkpoint import Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
+from offrl.graphs import GraphedStep
 from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
 from offrl.optim import adam, constant, cosine_decay
 from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, soft_update
@@ -122,6 +123,8 @@ class IQL(Stateful):
         # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager.
         self._value_loss = torch.compile(self.value_loss) if cfg.run.compile else self.value_loss
         self._actor_critic_loss = torch.compile(self.actor_critic_loss) if cfg.run.compile else self.actor_critic_loss
+        self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
+                                          optimizers=(self.value_opt, self.actor_critic_opt))
 
     # Scalar readouts: the network output itself (mse) or the HL-Gauss expectation.
     def q_values(self, critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -171,7 +174,8 @@ class IQL(Stateful):
                                           "q_mean": q.detach().mean(), "advantage_mean": advantage.mean(),
                                           "weight_mean": weights.mean()}
 
-    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def gradient_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The step's device work (a CUDA graph on CUDA, offrl/graphs.py); `update` adds the schedule."""
         value_loss, target_q, v = self._value_loss(batch)
         self.value_opt.zero_grad(set_to_none=True)
         value_loss.backward()
@@ -181,9 +185,13 @@ class IQL(Stateful):
         self.actor_critic_opt.zero_grad(set_to_none=True)
         loss.backward()
         self.actor_critic_opt.step()
-        self.actor_schedule.step()
         soft_update(self.critic_target, self.critic, self.cfg.tau)
         return {"value_loss": value_loss.detach(), "v_mean": v.mean(), **metrics}
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        metrics = self._gradient_step(batch)
+        self.actor_schedule.step()
+        return metrics
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
@@ -208,6 +216,48 @@ def train(cfg: Config) -> dict:
     return run.finish()
 
 
+class IQLSeeds:
+    """The seeds of `--seeds` as one batched IQL (offrl/multiseed.py): `update()` draws each seed's batch
+    with that seed's generator and takes every seed's gradient step at once (a CUDA graph on CUDA)."""
+
+    def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
+        from offrl import multiseed
+
+        self.cfg = cfgs[0]
+        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+        self.agents = multiseed.build_seeded(lambda c: IQL(c, data, device), cfgs)
+        self.batch = multiseed.SeedBatch(self.agents, ("actor", "value", "critic", "critic_target"),
+                                         ("value_opt", "actor_critic_opt"), ("actor_schedule",))
+        self.value_opt = self.batch.batched_optimizers["value_opt"]
+        self.actor_critic_opt = self.batch.batched_optimizers["actor_critic_opt"]
+        self.actor_schedule = self.batch.batched_schedulers["actor_schedule"]
+        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
+        self.act = self.batch.acting(self.agents[0].act)
+        self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
+                                          optimizers=(self.value_opt, self.actor_critic_opt))
+
+    def gradient_step(self, sample: Batch) -> dict[str, torch.Tensor]:
+        template, batch = self.agents[0], self.batch
+        value_loss, target_q, v = batch.vmap(template.value_loss, sample)
+        self.value_opt.zero_grad(set_to_none=True)
+        value_loss.sum().backward()  # each seed's weights get their own loss's gradient
+        self.value_opt.step()
+        loss, metrics = batch.vmap(template.actor_critic_loss, sample, target_q)
+        self.actor_critic_opt.zero_grad(set_to_none=True)
+        loss.sum().backward()
+        self.actor_critic_opt.step()
+        batch.soft_update("critic_target", "critic", self.cfg.tau)
+        return {"value_loss": value_loss.detach(), "v_mean": v.mean(dim=-1), **metrics}
+
+    def update(self) -> dict[str, torch.Tensor]:
+        metrics = self._gradient_step(self.samplers.sample(self.cfg.batch_size))
+        self.actor_schedule.step()
+        return metrics
+
+
+Seeds = IQLSeeds
+
+
 def train_seeds(cfg: Config) -> list[dict]:
     """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
     from offrl import multiseed
@@ -215,31 +265,13 @@ def train_seeds(cfg: Config) -> list[dict]:
     cfgs = multiseed.seed_configs(cfg)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
     runs = multiseed.SeedRuns("iql", cfgs, data)
-    samplers = multiseed.SeedSamplers(data.buffer(runs.device, seed=cfgs[0].seed), [c.seed for c in cfgs])
-    agents = multiseed.build_seeded(lambda c: IQL(c, data, runs.device), cfgs)
-    batch = multiseed.SeedBatch(agents, ("actor", "value", "critic", "critic_target"),
-                                ("value_opt", "actor_critic_opt"), ("actor_schedule",))
-    template = agents[0]
-    value_opt, actor_critic_opt = batch.batched_optimizers["value_opt"], batch.batched_optimizers["actor_critic_opt"]
-    actor_schedule = batch.batched_schedulers["actor_schedule"]
-    states = [{"agent": batch.view(i), "buffer": samplers.views[i]} for i in range(len(cfgs))]
-    act = batch.acting(template.act)
-    for step in runs.steps(states, after_restore=batch.restack):
+    seeds = IQLSeeds(cfgs, data, runs.device)
+    for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):
         with runs.precision():
-            sample = samplers.sample(cfg.batch_size)
-            value_loss, target_q, v = batch.vmap(template.value_loss, sample)
-            value_opt.zero_grad(set_to_none=True)
-            value_loss.sum().backward()  # each seed's weights get their own loss's gradient
-            value_opt.step()
-            loss, metrics = batch.vmap(template.actor_critic_loss, sample, target_q)
-            actor_critic_opt.zero_grad(set_to_none=True)
-            loss.sum().backward()
-            actor_critic_opt.step()
-            actor_schedule.step()
-            batch.soft_update("critic_target", "critic", cfg.tau)
-        runs.log(step, {"value_loss": value_loss.detach(), "v_mean": v.mean(dim=-1), **metrics})
-        runs.evaluate(step, act, data.metadata)
-        runs.checkpoint(step, states)
+            metrics = seeds.update()
+        runs.log(step, metrics)
+        runs.evaluate(step, seeds.act, data.metadata)
+        runs.checkpoint(step, seeds.states)
     return runs.finish()
 
 

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from offrl.checkpoint import SeededGenerator, Stateful
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
+from offrl.graphs import GraphedStep
+from offrl.optim import adam
 from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
 from offrl.run import Run, cli_main
 
@@ -84,14 +86,15 @@ class TD3BC(Stateful):
         self.critic = EnsembleCritic(data.obs_dim, data.act_dim, 2, cfg.hidden).to(device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=fused)
+        self.actor_opt = adam([{"params": self.actor.parameters(), "lr": cfg.actor_lr}], device)
+        self.critic_opt = adam([{"params": self.critic.parameters(), "lr": cfg.critic_lr}], device)
         self.noise = SeededGenerator(device, cfg.seed)  # the smoothing noise's own stream (one per seed with --seeds)
         self.updates = 0
         self.actor_metrics: dict[str, torch.Tensor] = {}
         self._critic_step = torch.compile(self.critic_step) if cfg.run.compile else self.critic_step
         self._actor_step = torch.compile(self.actor_step) if cfg.run.compile else self.actor_step
+        self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
+                                          optimizers=(self.actor_opt, self.critic_opt))
 
     def smoothing_noise(self, actions: torch.Tensor) -> torch.Tensor:
         """eps ~ N(0, 1) for the target policy's smoothing, from the agent's own generator."""
@@ -130,11 +133,18 @@ class TD3BC(Stateful):
         soft_update(self.critic_target, self.critic, self.cfg.tau)
         return metrics
 
+    def gradient_step(self, batch: Batch, noise: torch.Tensor, with_actor: bool) -> dict[str, torch.Tensor]:
+        """The step's device work: the critic's, and every `policy_freq`-th step the actor's and the targets'
+        (two CUDA graphs on CUDA, offrl/graphs.py)."""
+        metrics = self._critic_step(batch, noise)
+        return {**metrics, **self._actor_step(batch)} if with_actor else metrics
+
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
-        metrics = self._critic_step(batch, self.smoothing_noise(batch.actions))
         self.updates += 1
-        if self.updates % self.cfg.policy_freq == 0:
-            self.actor_metrics = self._actor_step(batch)
+        with_actor = self.updates % self.cfg.policy_freq == 0
+        metrics = self._gradient_step(batch, self.smoothing_noise(batch.actions), with_actor, key=with_actor)
+        if with_actor:
+            self.actor_metrics = {k: metrics[k] for k in ("actor_loss", "lambda")}
         return {**metrics, **self.actor_metrics}
 
     @torch.no_grad()
@@ -160,42 +170,72 @@ def train(cfg: Config) -> dict:
     return run.finish()
 
 
+class TD3BCSeeds:
+    """The seeds of `--seeds` as one batched TD3+BC (offrl/multiseed.py): seed i draws its batches and
+    smoothing noise from generators seeded as its single-seed run's; every seed steps at once (CUDA graphs
+    on CUDA, one with and one without the delayed actor step)."""
+
+    def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
+        from offrl import multiseed
+
+        self.cfg = cfgs[0]
+        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+        self.agents = multiseed.build_seeded(lambda c: TD3BC(c, data, device), cfgs)
+        self.batch = multiseed.SeedBatch(self.agents, ("actor", "critic", "actor_target", "critic_target"),
+                                         ("actor_opt", "critic_opt"))
+        self.actor_opt = self.batch.batched_optimizers["actor_opt"]
+        self.critic_opt = self.batch.batched_optimizers["critic_opt"]
+        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
+        self.act = self.batch.acting(self.agents[0].act)
+        self.actor_metrics: dict[str, torch.Tensor] = {}
+        self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
+                                          optimizers=(self.actor_opt, self.critic_opt))
+
+    def gradient_step(self, sample: Batch, noise: torch.Tensor, with_actor: bool) -> dict[str, torch.Tensor]:
+        template, batch = self.agents[0], self.batch
+        loss, metrics = batch.vmap(template.critic_loss, sample, noise)
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.sum().backward()  # each seed's weights get their own loss's gradient
+        self.critic_opt.step()
+        if not with_actor:
+            return metrics
+        loss, actor_metrics = batch.vmap(template.actor_objective, sample)
+        self.actor_opt.zero_grad(set_to_none=True)
+        loss.sum().backward(inputs=batch.params_of("actor"))
+        self.actor_opt.step()
+        batch.soft_update("actor_target", "actor", self.cfg.tau)
+        batch.soft_update("critic_target", "critic", self.cfg.tau)
+        return {**metrics, **actor_metrics}
+
+    def update(self) -> dict[str, torch.Tensor]:
+        for agent in self.agents:
+            agent.updates += 1
+        with_actor = self.agents[0].updates % self.cfg.policy_freq == 0
+        sample = self.samplers.sample(self.cfg.batch_size)
+        noise = torch.stack([a.smoothing_noise(sample.actions[i]) for i, a in enumerate(self.agents)])
+        metrics = self._gradient_step(sample, noise, with_actor, key=with_actor)
+        if with_actor:
+            self.actor_metrics = {k: metrics[k] for k in ("actor_loss", "lambda")}
+        return {**metrics, **self.actor_metrics}
+
+
+Seeds = TD3BCSeeds
+
+
 def train_seeds(cfg: Config) -> list[dict]:
-    """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each;
-    seed i draws its batches and smoothing noise from generators seeded as its single-seed run's."""
+    """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
     from offrl import multiseed
 
     cfgs = multiseed.seed_configs(cfg)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
     runs = multiseed.SeedRuns("td3_bc", cfgs, data)
-    samplers = multiseed.SeedSamplers(data.buffer(runs.device, seed=cfgs[0].seed), [c.seed for c in cfgs])
-    agents = multiseed.build_seeded(lambda c: TD3BC(c, data, runs.device), cfgs)
-    batch = multiseed.SeedBatch(agents, ("actor", "critic", "actor_target", "critic_target"), ("actor_opt", "critic_opt"))
-    template = agents[0]
-    actor_opt, critic_opt = batch.batched_optimizers["actor_opt"], batch.batched_optimizers["critic_opt"]
-    states = [{"agent": batch.view(i), "buffer": samplers.views[i]} for i in range(len(cfgs))]
-    act = batch.acting(template.act)
-    actor_metrics: dict[str, torch.Tensor] = {}
-    for step in runs.steps(states, after_restore=batch.restack):
+    seeds = TD3BCSeeds(cfgs, data, runs.device)
+    for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):
         with runs.precision():
-            sample = samplers.sample(cfg.batch_size)
-            noise = torch.stack([a.smoothing_noise(sample.actions[i]) for i, a in enumerate(agents)])
-            loss, metrics = batch.vmap(template.critic_loss, sample, noise)
-            critic_opt.zero_grad(set_to_none=True)
-            loss.sum().backward()  # each seed's weights get their own loss's gradient
-            critic_opt.step()
-            for agent in agents:
-                agent.updates += 1
-            if template.updates % cfg.policy_freq == 0:
-                loss, actor_metrics = batch.vmap(template.actor_objective, sample)
-                actor_opt.zero_grad(set_to_none=True)
-                loss.sum().backward(inputs=batch.params_of("actor"))
-                actor_opt.step()
-                batch.soft_update("actor_target", "actor", cfg.tau)
-                batch.soft_update("critic_target", "critic", cfg.tau)
-        runs.log(step, {**metrics, **actor_metrics})
-        runs.evaluate(step, act, data.metadata)
-        runs.checkpoint(step, states)
+            metrics = seeds.update()
+        runs.log(step, metrics)
+        runs.evaluate(step, seeds.act, data.metadata)
+        runs.checkpoint(step, seeds.states)
     return runs.finish()
 
 

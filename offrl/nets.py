@@ -67,9 +67,11 @@ def cpu_has_native_bf16() -> bool | None:
 
 def autocast(device: torch.device, precision: str):
     """The context `--run.precision` asks for: bfloat16 autocast (matmuls in bf16 with float32
-    accumulation, float32 weights and optimizer state) or nothing ('fp32')."""
+    accumulation, float32 weights and optimizer state) or nothing ('fp32'). On CUDA the cast-weight cache
+    is off: a CUDA graph (offrl.graphs) cannot record a step that keeps casts across it."""
     dtype = precision_dtype(precision)
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32,
+                          cache_enabled=device.type != "cuda")
 
 
 class Dropout(nn.Dropout):

@@ -20,3 +20,19 @@ def constant(step: int) -> float:
 def adam(groups: list[dict], device: torch.device) -> torch.optim.Adam:
     """Adam over parameter groups, fused where the device supports it (CPU's default path is slowest)."""
     return torch.optim.Adam(groups, fused=device.type in ("cpu", "cuda"))
+
+
+def graph_safe(*optimizers: torch.optim.Optimizer) -> None:
+    """Make optimizers recordable in a CUDA graph (offrl.graphs), in place: every group's learning rate
+    a 0-dim tensor on its parameters' device, and CUDA groups `capturable`.
+
+    A graph records a float learning rate as a constant; a tensor it reads at every replay, and LR
+    schedulers fill tensor rates in place. Fused Adam reads either, and keeps its step count on the
+    device either way; `capturable` is the flag torch checks before it lets a graph record `step()`."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            device = group["params"][0].device
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+            if device.type == "cuda":
+                group["capturable"] = True

@@ -43,7 +43,7 @@ from offrl.nets import autocast, cpu_has_native_bf16
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
-                     "run.threads", "run.compile")
+                     "run.threads", "run.compile", "run.cuda_graph")
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
