@@ -106,13 +106,15 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: file not found")
-    state = _torch_load(path, path, map_location)
-    if state.get("format") == FORMAT and "payload" in state:
-        raw = state["payload"].numpy().tobytes()
-        if hashlib.sha256(raw).hexdigest() != state.get("sha256"):
-            raise CheckpointError(f"checkpoint {path}: corrupt (its contents do not match their SHA-256)")
-        state = _torch_load(io.BytesIO(raw), path, map_location)
-    return state
+    # The envelope (a byte payload and its hash) stays on the CPU, where its bytes are read; only the
+    # checkpoint inside goes to map_location (a CUDA run resuming read the payload on the GPU before).
+    state = _torch_load(path, path, "cpu")
+    if state.get("format") != FORMAT or "payload" not in state:  # a plain torch.save file
+        return _torch_load(path, path, map_location)
+    raw = state["payload"].numpy().tobytes()
+    if hashlib.sha256(raw).hexdigest() != state.get("sha256"):
+        raise CheckpointError(f"checkpoint {path}: corrupt (its contents do not match their SHA-256)")
+    return _torch_load(io.BytesIO(raw), path, map_location)
 
 
 def _torch_load(source, path: Path, map_location) -> dict[str, Any]:

@@ -18,6 +18,14 @@ def test_round_trip(tmp_path):
     torch.testing.assert_close(back["w"], state["w"])
 
 
+def test_map_location_moves_the_checkpoint_and_not_its_envelope(tmp_path):
+    """The hashed byte payload is read on the CPU whatever the run's device; a CUDA run resuming failed
+    here once ('can't convert cuda:0 device type tensor to numpy'). The meta device stands in for CUDA."""
+    ckpt.save(tmp_path / "c.pt", {"w": torch.arange(4.0)})
+    back = ckpt.load(tmp_path / "c.pt", map_location="meta")
+    assert back["w"].device.type == "meta" and back["w"].shape == (4,)
+
+
 def test_a_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     ckpt.save(path, {"step": 1})

@@ -4,6 +4,7 @@ The comparisons need a GPU and are skipped without one (they ran on an H100; res
 on the CPU the graph is off and the step is the plain function, which the CPU tests check."""
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from benchmarks.speed import synthetic_data
 from offrl.data import ReplayBuffer
 from offrl.graphs import GraphedStep
 from offrl.optim import adam, graph_safe
+
+from conftest import PYTHON, run_cli
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -120,3 +123,43 @@ def test_a_recorded_step_replays_fresh_inputs_and_random_draws():
     # the loss reads each call's input, not the one recorded; the noise differs between replays
     assert outs[3]["loss"].item() > outs[2]["loss"].item() > 0
     assert not torch.equal(outs[2]["noise"], outs[3]["noise"])
+
+
+def _rows(run_dir):
+    volatile = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+    return [{k: v for k, v in json.loads(line).items() if k not in volatile}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@cuda
+@pytest.mark.parametrize("algo,seeds", [("iql", ()), ("td3_bc", ()), ("cql", ()), ("iql", (0, 1))])
+def test_a_graphed_cuda_run_resumed_ends_as_one_that_was_not(tiny, tmp_path, algo, seeds):
+    """The real loop on CUDA (graphs on, evaluation, checkpoints): 800 steps straight against 400 steps,
+    then a resume to 800, whose first steps are eager warm-ups again. Same logged rows and final scores.
+    IQL's actor learning rate decays over --steps, which differs between the two runs here, so it runs
+    without the decay (the schedule's path through the graph is the unit test's above)."""
+    common = ["--eval.every", "400", "--eval.episodes", "3", "--log.every", "100", "--run.checkpoint-every", "100",
+              "--log.wandb", "disabled", "--log.no-progress", "--hidden", "64", "64", "--device", "cuda"]
+    if algo == "iql":
+        common.append("--no-cosine-actor-lr")
+    if seeds:
+        common += ["--seeds", *map(str, seeds)]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "800", "--run.out-dir", str(straight), *common)
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "400", "--run.out-dir", str(split), *common)
+    resumed = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "800", "--run.out-dir", str(split), "--resume", "latest",
+                      *common)
+    assert "resumed" in resumed.stderr
+    expected_dirs = sorted(p for p in straight.glob(f"{algo}/*/*") if p.is_dir())
+    split_dirs = sorted(p for p in split.glob(f"{algo}/*/*") if p.is_dir())
+    assert len(expected_dirs) == len(split_dirs) == max(1, len(seeds))
+    for expected, got in zip(expected_dirs, split_dirs):
+        a, b = _rows(expected), _rows(got)
+        assert [r["step"] for r in a] == [r["step"] for r in b] and a[-1]["step"] == 800
+        for ra, rb in zip(a, b):
+            for key, value in ra.items():
+                if isinstance(value, float):
+                    assert rb[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (got, ra["step"], key)
+        final = json.loads((got / "final.json").read_text())
+        assert final["eval/normalized_score"] == pytest.approx(
+            json.loads((expected / "final.json").read_text())["eval/normalized_score"], rel=1e-4, abs=1e-6)
