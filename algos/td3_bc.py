@@ -226,17 +226,7 @@ def train_seeds(cfg: Config) -> list[dict]:
     """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
     from offrl import multiseed
 
-    cfgs = multiseed.seed_configs(cfg)
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
-    runs = multiseed.SeedRuns("td3_bc", cfgs, data)
-    seeds = TD3BCSeeds(cfgs, data, runs.device)
-    for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):
-        with runs.precision():
-            metrics = seeds.update()
-        runs.log(step, metrics)
-        runs.evaluate(step, seeds.act, data.metadata)
-        runs.checkpoint(step, seeds.states)
-    return runs.finish()
+    return multiseed.train("td3_bc", TD3BCSeeds, cfg)
 
 
 if __name__ == "__main__":

@@ -277,3 +277,20 @@ def build_seeded(build: Callable[[Any], Any], cfgs: list, compile_ok: bool = Fal
         agents.append(build(cfg))
     return agents
 
+
+def train(algo: str, make_seeds: Callable[[list, Any, torch.device], Any], cfg) -> list[dict]:
+    """The `--seeds` training loop: `make_seeds(cfgs, data, device)` (an algorithm's `Seeds` class) holds the
+    batched model and its `update()`, `states` (one checkpoint state per seed), `batch` and `act`."""
+    from offrl.data import load_for_training
+
+    cfgs = seed_configs(cfg)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
+    runs = SeedRuns(algo, cfgs, data)
+    seeds = make_seeds(cfgs, data, runs.device)
+    for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):
+        with runs.precision():
+            metrics = seeds.update()
+        runs.log(step, metrics)
+        runs.evaluate(step, seeds.act, data.metadata)
+        runs.checkpoint(step, seeds.states)
+    return runs.finish()
