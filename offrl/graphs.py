@@ -42,6 +42,7 @@ class GraphedStep:
         self.enabled = enabled and device.type == "cuda"
         self.warmup = warmup
         self.optimizers = list(optimizers)
+        self.device = device
         self._graphs: dict[Hashable, _Recording] = {}
 
     def __call__(self, *inputs: Any, key: Hashable = None) -> Any:
@@ -51,7 +52,8 @@ class GraphedStep:
         if recording is None:
             graph_safe(*self.optimizers)
             recording = self._graphs[key] = _Recording(self.fn, self.warmup)
-        return recording(inputs)
+        with torch.cuda.device(self.device):  # streams and capture on the run's GPU (--device cuda:1)
+            return recording(inputs)
 
     @property
     def recorded(self) -> int:
