@@ -31,6 +31,7 @@ from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
 from offrl.graphs import GraphedStep
 from offrl.nets import DeterministicActor
+from offrl.optim import adam
 from offrl.run import Run, cli_main
 
 
@@ -59,7 +60,7 @@ class BC(Stateful):
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
-        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, fused=device.type in ("cpu", "cuda"))
+        self.optimizer = adam([{"params": self.actor.parameters(), "lr": cfg.lr}], device)
         self._step = GraphedStep(torch.compile(self.step) if cfg.run.compile else self.step, device,
                                  cfg.run.cuda_graph, optimizers=(self.optimizer,))
 

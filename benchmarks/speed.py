@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -160,6 +161,22 @@ WORLD_MODEL_STEPS = {"dynamics": dynamics_step, "rollout": rollout_step}
 """Steps of the world models' own work, timed beside the algorithms' updates."""
 
 
+def time_blocks(step: Callable[[], dict[str, torch.Tensor]], device: torch.device, blocks: int,
+                per_block: int) -> list[float]:
+    """ms per step of `blocks` blocks of `per_block` consecutive steps (device synced around each block);
+    the last step's metrics must be finite."""
+    block_ms = []
+    for _ in range(blocks):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(per_block):
+            metrics = step()
+        sync(device)
+        block_ms.append(1000 * (time.perf_counter() - start) / per_block)
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    return block_ms
+
+
 def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
                    batch_size: int | None = None, compile: bool = False, precision: str = "fp32",
                    cfg=None, data: TrainingData | None = None) -> dict:
@@ -205,15 +222,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         step()
         step()
         flops = float("nan")
-    block_ms = []
-    for _ in range(blocks):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(per_block):
-            metrics = step()
-        sync(device)
-        block_ms.append(1000 * (time.perf_counter() - start) / per_block)
-    assert all(torch.isfinite(v).all() for v in metrics.values())
+    block_ms = time_blocks(step, device, blocks, per_block)
     median_ms = statistics.median(block_ms)
     return {"algo": algo, "batch_size": cfg.batch_size, "median_ms": median_ms,
             "min_ms": min(block_ms), "max_ms": max(block_ms), "gflop_per_update": flops / 1e9,

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.sections import write_section
-from benchmarks.speed import matmul_gflops, synthetic_data, sync, time_algorithm
+from benchmarks.speed import matmul_gflops, synthetic_data, time_algorithm, time_blocks
 from benchmarks.speed_vs_corl import cpu_model
 
 VARIANTS = {"eager": dict(cuda_graph=False), "graph": dict(cuda_graph=True),
@@ -77,16 +77,7 @@ def time_seeds(algo: str, seeds: int, cuda_graph: bool, device: torch.device, ar
     trainer = module.Seeds(seed_configs(cfg), data, device)
     for _ in range(args.warmup):
         trainer.update()
-    blocks = []
-    for _ in range(args.blocks):
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(args.per_block):
-            metrics = trainer.update()
-        sync(device)
-        blocks.append(1000 * (time.perf_counter() - start) / args.per_block)
-    assert all(torch.isfinite(v).all() for v in metrics.values())
-    ms = statistics.median(blocks)
+    ms = statistics.median(time_blocks(trainer.update, device, args.blocks, args.per_block))
     return {"algo": algo, "seeds": seeds, "cuda_graph": cuda_graph, "median_ms": ms, "seed_steps_per_s": seeds * 1000 / ms}
 
 

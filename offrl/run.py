@@ -241,12 +241,16 @@ class Run:
         after every step; a long piece of work between steps (MBRCSL's rollouts) calls it itself."""
         if self.stop_signal is None:
             return
-        self.checkpoint(step, force=True)
-        self.logger.close()
-        self._restore_signals()
+        self.close_at(step)
         print(f"stopped by signal {self.stop_signal} after step {step}; checkpoint saved to "
               f"{self.checkpoint_path}; continue with --resume latest", file=sys.stderr)
         raise SystemExit(128 + self.stop_signal)
+
+    def close_at(self, step: int) -> None:
+        """Stop here: checkpoint `step` as the last one done, close the logger, give the signals back."""
+        self.checkpoint(step, force=True)
+        self.logger.close()
+        self._restore_signals()
 
     def _due(self, step: int, every: int) -> bool:
         return step == self.total_steps or (every > 0 and step % every == 0)
