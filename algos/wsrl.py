@@ -162,6 +162,11 @@ class WSRL(SACAgent):
                          cfg.backup_entropy)
         self.critic_updates, self.actor_updates = 0, 0
         self.pretrained = ""  # JSON: the checkpoint the networks came from
+        if cfg.run.compile:
+            # The 10 LayerNorm critics' elementwise work (LayerNorm, its affine, ReLU and their gradients) is
+            # about half of an update on the CPU; compiled, it fuses. Module.compile keeps the state_dict keys.
+            self.critic.compile()
+            self.critic_target.compile()
 
     def update(self, slices: list[Batch]) -> dict[str, torch.Tensor]:
         """One critic step per slice, then one actor and temperature step on all of them."""
@@ -174,6 +179,15 @@ class WSRL(SACAgent):
 
 
 Agent = WSRL
+
+
+def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
+    """One fine-tuning update (UTD critic steps, one actor step) as `train` runs it after the warm-up, with the
+    dataset standing in for the online buffer (for benchmarks/speed.py; no env steps)."""
+    agent = WSRL(cfg, data, device)
+    online = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
+    offline = ReplayBuffer.from_dataset(data.dataset, device, seed=1) if cfg.offline_ratio > 0 else None
+    return lambda: agent.update(sample_slices(online, offline, cfg))
 
 
 def check_pretraining(saved: dict, cfg: Config, env_id: str | None, file) -> None:

@@ -31,6 +31,25 @@ def test_ensemble_members_train_independently():
     assert all(p.grad[1].abs().sum() == 0 for p in net.parameters())
 
 
+@pytest.mark.parametrize("members, rows_per_pass", [(2, 1024), (10, 128), (64, 32)])
+def test_critic_row_blocks_give_one_pass_outputs_and_gradients(members, rows_per_pass):
+    """On the CPU a batch larger than a block goes through the critic in row blocks sized to the ensemble
+    (E x rows <= 2048): the outputs and weight gradients of one pass, up to float summation order."""
+    torch.manual_seed(0)
+    critic = EnsembleCritic(5, 2, members, hidden=(16, 16), layer_norm=True)
+    assert critic.cpu_rows_per_pass == rows_per_pass
+    obs, act = torch.randn(3 * rows_per_pass + 5, 5), torch.randn(3 * rows_per_pass + 5, 2)
+    blocked = critic(obs, act)
+    (blocked ** 2).sum().backward()
+    blocked_grads = [p.grad.clone() for p in critic.parameters()]
+    critic.zero_grad()
+    one_pass = critic.net(torch.cat([obs, act], dim=-1)).squeeze(-1)
+    (one_pass ** 2).sum().backward()
+    torch.testing.assert_close(blocked, one_pass)
+    for got, want in zip(blocked_grads, (p.grad for p in critic.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_critic_and_actor_shapes_and_bounds():
     critic = EnsembleCritic(4, 2, ensemble_size=2, hidden=(16, 16), layer_norm=True)
     assert critic(torch.randn(9, 4), torch.randn(9, 2)).shape == (2, 9)

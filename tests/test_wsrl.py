@@ -155,6 +155,32 @@ def test_offline_ratio_zero_never_reads_offline_data():
     assert wsrl.learning_starts(wsrl.Config(warmup_steps=0, offline_ratio=0.5)) == 512
 
 
+def test_compiled_critics_take_the_eager_update(tiny):
+    """--run.compile compiles the LayerNorm critics and their targets (the elementwise work fuses on the CPU):
+    the same updates as eager up to float rounding; the state_dict keys stay those checkpoints hold."""
+    data = load_for_training("offrl/tiny-v0", DataConfig())
+    results = []
+    for compile in (False, True):
+        cfg = wsrl.Config(batch_size=64, hidden=(32, 32))
+        cfg.run.compile = compile
+        torch.manual_seed(0)
+        agent = wsrl.WSRL(cfg, data, torch.device("cpu"))
+        buffer = ReplayBuffer.from_dataset(data.dataset, torch.device("cpu"), seed=0)
+        torch.manual_seed(1)
+        metrics = [agent.update(wsrl.sample_slices(buffer, None, cfg)) for _ in range(3)]
+        results.append((agent, metrics))
+    (eager, eager_metrics), (compiled, compiled_metrics) = results
+    assert compiled.critic.state_dict().keys() == eager.critic.state_dict().keys()
+    for net in ("critic", "critic_target", "actor"):
+        for got, want in zip(getattr(compiled, net).parameters(), getattr(eager, net).parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(compiled_metrics, eager_metrics):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # the step benchmarks/speed.py times: one UTD update from the dataset
+    cfg = wsrl.Config(batch_size=64, hidden=(32, 32), offline_ratio=0.5)
+    assert set(wsrl.benchmark_step(cfg, data, torch.device("cpu"))()) >= {"critic_loss", "actor_loss"}
+
+
 def test_a_resumed_finetuning_run_continues_the_same_curve(pretrained, tmp_path):
     """Stopped during the warm-up and again during fine-tuning (with offline data retained, so both replay
     buffers are restored), the run ends with the same metrics rows and state as one never stopped."""
