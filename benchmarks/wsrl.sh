@@ -3,12 +3,14 @@
 # (10 LayerNorm critics, a 2-of-10 target, max-target backup), then four online variants from the same
 # checkpoints, same env-step budget and seeds: WSRL (warm-up, no offline data), retaining the offline data
 # (ratio 0.5), no warm-up, and SAC from scratch. Learning curves (PNG) and a table into results/.
-# The paper runs 250k offline and 500k online steps. On a 2-core AVX-512 CPU shared with two other 1-thread
-# runs, a pre-training step took 3.7 s and an online env step (batch 1024, UTD 4, 10 critics) about 0.2 s,
-# both at one thread and not measured alone (time yours with benchmarks.speed before choosing), so the defaults
-# here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of that; set them for your machine (a GPU: --device cuda
-# through COMMON). DATASET and RESULTS (a path without suffix) move it to other data. Resumable: rerun after an
-# interruption.
+# The paper runs 250k offline and 500k online steps. On a 2-core AVX-512 Xeon at one thread (a 1-thread job on the
+# other core), a pre-training step (10 LayerNorm critics, CQL's 31 x 256 rows each) took ~1.08 s, 0.89 s with
+# --run.compile, and an online update (batch 1024, UTD 4) ~163 ms, ~140 ms with --run.compile: time yours with
+# `python -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP)
+# are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY
+# (online evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked
+# for) shape the claims table. DATASET and RESULTS (a path without suffix) move it to other data. Resumable:
+# rerun after an interruption.
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -17,6 +19,8 @@ jobs=${JOBS:-2}
 pre_steps=${PRE_STEPS:-20000}
 online_steps=${ONLINE_STEPS:-50000}
 warmup=${WARMUP:-5000}
+eval_every=${EVAL_EVERY:-2500}
+dip_window=${DIP_WINDOW:-5000}
 common=${COMMON:-}
 ds=${DATASET:-offrl/hopper/medium-v0}
 results=${RESULTS:-results/wsrl-hopper-medium}
@@ -27,7 +31,7 @@ pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds
 checkpoint="$out/wsrl-pre/cql/cql/$(echo "$ds" | tr '/' '-')/{seed}-sweep"
 online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps "$online_steps"
         --jobs "$jobs" --spread-threads
-        --common "--eval.every 2500 --eval.episodes 10 --run.checkpoint-every 1000 $common"
+        --common "--eval.every $eval_every --eval.episodes 10 --run.checkpoint-every 1000 $common"
         --variant "wsrl=wsrl --checkpoint $checkpoint --warmup-steps $warmup"
         --variant "retain-0.5=wsrl --checkpoint $checkpoint --warmup-steps $warmup --offline-ratio 0.5"
         --variant "no-warmup=wsrl --checkpoint $checkpoint --warmup-steps 0"
@@ -35,7 +39,9 @@ online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --dataset
 "${pre[@]}"
 "${online[@]}"
 python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
-  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, 3 seeds"
+  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, 3 seeds" \
+  --markdown "$results-claims.md" --dip-window "$dip_window" \
+  --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"
 python -m benchmarks.table "$out/wsrl-online" --out "$results.md" \
   --title "Online fine-tuning on $ds after $pre_steps CQL steps: $online_steps env steps, warm-up $warmup" \
   --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"

@@ -10,6 +10,13 @@ offline data <r>" (--offline-ratio r), "no warm-up" (--warmup-steps 0), "SAC fro
 none), joined when several apply. One panel per dataset; per variant and evaluation step the mean over
 seeds of the normalized score (the return where a run has no reference scores), shaded by +- one std, the
 number of seeds in the legend. The curves are also written as JSON beside the PNG.
+
+`--markdown PATH` writes, per dataset and variant, what the WSRL paper's claims are checked on: the score at
+env step 0 (the pre-trained policy, before any online step), the lowest score in the first `--dip-window` env
+steps after the run's updates begin (the dip that fine-tuning without retained data suffers at its start) and
+the start minus it, and the last score; each per run, then mean ± std over seeds. Below the table, the checks:
+WSRL's last score against its start and against SAC from scratch's last (at the same env steps), and WSRL's
+dip against the dip without warm-up.
 """
 
 from __future__ import annotations
@@ -59,6 +66,89 @@ def eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, bool]:
     normalized = bool(steps) and all("eval/normalized_score" in by_step[s] for s in steps)
     key = "eval/normalized_score" if normalized else "eval/return_mean"
     return np.array(steps, dtype=np.int64), np.array([by_step[s][key] for s in steps], dtype=np.float64), normalized
+
+
+def learning_start(config: dict) -> int:
+    """The env step a wsrl run's updates begin at (algos/wsrl.py's rule, from its saved config)."""
+    from algos import wsrl
+
+    names = ("warmup_steps", "batch_size", "utd", "offline_ratio")
+    return wsrl.learning_starts(wsrl.Config(**{k: config[k] for k in names if k in config}))
+
+
+def run_summary(run_dir: Path, dip_window: int) -> dict | None:
+    """Start (step 0), lowest in the dip window after updates begin, dip, last; None without a step-0 score."""
+    steps, scores, _ = eval_curve(run_dir)
+    if len(steps) == 0 or steps[0] != 0:
+        return None
+    begin = learning_start(json.loads((run_dir / "config.json").read_text()))
+    window = scores[(steps >= begin) & (steps <= begin + dip_window)]
+    lowest = float(window.min()) if len(window) else float("nan")
+    return {"start": float(scores[0]), "lowest": lowest, "dip": float(scores[0]) - lowest,
+            "last": float(scores[-1]), "last_step": int(steps[-1]), "updates_begin": begin}
+
+
+def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict[str, dict[str, dict]]:
+    """Per dataset and label: each quantity of `run_summary` as mean, std and n over the runs that have it."""
+    out: dict[str, dict[str, dict]] = {}
+    for dataset, labels in groups.items():
+        out[dataset] = {}
+        for label, runs in labels.items():
+            rows = [r for r in (run_summary(run, dip_window) for run in runs) if r is not None]
+            stats: dict = {k: {"mean": float(np.mean([r[k] for r in rows])), "std": float(np.std([r[k] for r in rows])),
+                               "n": len(rows)} for k in ("start", "lowest", "dip", "last")} if rows else {}
+            stats["last_steps"] = sorted({r["last_step"] for r in rows})
+            stats["updates_begin"] = sorted({r["updates_begin"] for r in rows})
+            out[dataset][label] = stats
+    return out
+
+
+def checks(labels: dict[str, dict]) -> list[str]:
+    """The paper's claims on one dataset's summaries, as sentences with their numbers (where the variants ran)."""
+    def value(label, key):
+        return labels.get(label, {}).get(key, {}).get("mean")
+
+    def verdict(ok):
+        return "met" if ok else "NOT met"
+
+    lines = []
+    wsrl_last, wsrl_start = value("WSRL", "last"), value("WSRL", "start")
+    if wsrl_last is None:
+        return lines
+    lines.append(f"WSRL's last score {wsrl_last:.1f} vs its start {wsrl_start:.1f}: "
+                 f"{verdict(wsrl_last >= wsrl_start)} (last >= start)")
+    scratch = value("SAC from scratch", "last")
+    if scratch is not None:
+        lines.append(f"WSRL's last score {wsrl_last:.1f} vs SAC from scratch's {scratch:.1f}: "
+                     f"{verdict(wsrl_last >= scratch)} (WSRL >= scratch)")
+    dip, no_warmup_dip = value("WSRL", "dip"), value("no warm-up", "dip")
+    if no_warmup_dip is not None:
+        lines.append(f"dip with warm-up {dip:.1f} vs without {no_warmup_dip:.1f}: "
+                     f"{verdict(dip < no_warmup_dip)} (with < without)")
+    return lines
+
+
+def markdown(data: dict[str, dict[str, dict]], dip_window: int, title: str | None, command: str | None) -> str:
+    def cell(stats, key):
+        return f"{stats[key]['mean']:.1f} ± {stats[key]['std']:.1f}" if key in stats else "-"
+
+    out = [f"# {title}" if title else "# Online fine-tuning: start, dip and last score", ""]
+    if command:
+        out += ["Made by:", "", "```", command, "```", ""]
+    out += [f"Per run: start = the score at env step 0 (before any online step); lowest = the lowest evaluation "
+            f"in the {dip_window} env steps after the run's updates begin; dip = start - lowest; last = the last "
+            "evaluation. Mean ± std over seeds (n).", ""]
+    for dataset, labels in sorted(data.items()):
+        out += [f"## {dataset}", "",
+                "| variant | n | updates begin (env step) | start | lowest | dip | last | last at env step |",
+                "|---|---|---|---|---|---|---|---|"]
+        for label, stats in sorted(labels.items()):
+            n = stats.get("start", {}).get("n", 0)
+            out.append(f"| {label} | {n} | {', '.join(map(str, stats['updates_begin']))} | {cell(stats, 'start')} "
+                       f"| {cell(stats, 'lowest')} | {cell(stats, 'dip')} | {cell(stats, 'last')} "
+                       f"| {', '.join(map(str, stats['last_steps']))} |")
+        out += ["", *(f"- {line}" for line in checks(labels)), ""]
+    return "\n".join(out)
 
 
 def collect(sources: list[str]) -> dict[str, dict[str, list[Path]]]:
@@ -127,9 +217,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("runs", nargs="+", help="run folders or folders of them, each optionally LABEL=PATH")
     parser.add_argument("--out", default="wsrl-curves.png", help="the PNG (its curves also go to <out>.json)")
     parser.add_argument("--title", help="figure title")
+    parser.add_argument("--markdown", help="also write the start / dip / last table and the checks here")
+    parser.add_argument("--dip-window", type=int, default=5000,
+                        help="env steps after a run's updates begin in which its dip is looked for")
+    parser.add_argument("--command", help="the command that made the runs, for the markdown's caption")
     args = parser.parse_args(argv)
-    data = curves(collect(args.runs))
+    groups = collect(args.runs)
+    data = curves(groups)
     plot(data, Path(args.out), args.title)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(summaries(groups, args.dip_window), args.dip_window, args.title,
+                                                args.command))
+        print(f"wrote {args.markdown}")
     for dataset, labels in sorted(data.items()):
         for label, curve in sorted(labels.items()):
             last = (f"{curve['mean'][-1]:.1f} ± {curve['std'][-1]:.1f} at step {curve['steps'][-1]}"

@@ -226,6 +226,37 @@ def test_baselines_through_the_same_entry_point_and_their_plot(pretrained, tmp_p
     assert list(labelled["offrl/tiny-v0"]) == ["mine"]
 
 
+def fake_run(folder, scores, **config):
+    """A wsrl run folder with the given evaluations ({env step: normalized score})."""
+    folder.mkdir(parents=True)
+    config = {"dataset": "offrl/tiny-v0", "checkpoint": "pre/{seed}", "warmup_steps": 100, "batch_size": 64, "utd": 4,
+              "offline_ratio": 0.0, **config}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "eval/return_mean": 10 * score, "eval/normalized_score": score}) + "\n"
+        for step, score in scores.items()))
+
+
+def test_start_dip_and_last_by_hand(tmp_path):
+    """The claims table: start at step 0, the lowest evaluation in the window after updates begin, the last,
+    mean over seeds, and the checks' verdicts."""
+    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60})  # updates begin at 100
+    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80})
+    fake_run(tmp_path / "nw", {0: 40, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0)  # updates begin at 64
+    fake_run(tmp_path / "sc", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none")
+    out = tmp_path / "claims.md"
+    wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
+                    "--command", "make it"])
+    text = out.read_text()
+    # WSRL: starts 50, 30; lowest in [100, 200]: 20, 10; dips 30, 20; last 60, 80
+    assert "| WSRL | 2 | 100 | 40.0 ± 10.0 | 15.0 ± 5.0 | 25.0 ± 5.0 | 70.0 ± 10.0 | 400 |" in text
+    assert "| no warm-up | 1 | 64 | 40.0 ± 0.0 | 0.0 ± 0.0 | 40.0 ± 0.0 | 50.0 ± 0.0 | 400 |" in text
+    assert "WSRL's last score 70.0 vs its start 40.0: met" in text
+    assert "WSRL's last score 70.0 vs SAC from scratch's 75.0: NOT met" in text
+    assert "dip with warm-up 25.0 vs without 40.0: met" in text
+    assert "make it" in text
+
+
 def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tmp_path):
     with pytest.raises(OffrlError, match="needs --checkpoint"):
         wsrl.train(config(tmp_path, None))
