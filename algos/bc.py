@@ -64,8 +64,11 @@ class BC(Stateful):
         self._step = GraphedStep(torch.compile(self.step) if cfg.run.compile else self.step, device,
                                  cfg.run.cuda_graph, optimizers=(self.optimizer,))
 
+    def loss(self, batch: Batch) -> torch.Tensor:
+        return bc_loss(self.actor(batch.observations), batch.actions)
+
     def step(self, batch: Batch) -> dict[str, torch.Tensor]:
-        loss = bc_loss(self.actor(batch.observations), batch.actions)
+        loss = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -82,9 +85,17 @@ class BC(Stateful):
 Agent = BC
 
 
+def selection(cfg: Config):
+    """--frac's episode selection, applied as the dataset loads (the same for every seed)."""
+    return partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount)
+
+
+def kept(data: TrainingData) -> dict:
+    return {"train/kept_episodes": data.dataset.num_episodes, "train/kept_transitions": len(data.dataset)}
+
+
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, select=partial(top_trajectories, frac=cfg.frac, discount=cfg.frac_discount),
-                             seed=cfg.seed)
+    data = load_for_training(cfg.dataset, cfg.data, select=selection(cfg), seed=cfg.seed)
     run = Run("bc", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     agent = BC(cfg, data, run.device)
@@ -95,7 +106,46 @@ def train(cfg: Config) -> dict:
         run.log(step, metrics)
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
-    return run.finish({"train/kept_episodes": data.dataset.num_episodes, "train/kept_transitions": len(data.dataset)})
+    return run.finish(kept(data))
+
+
+class BCSeeds:
+    """The seeds of `--seeds` as one batched BC (offrl/multiseed.py): seed i draws its batches with a generator
+    seeded as its single-seed run's; every seed steps at once (a CUDA graph on CUDA). --frac selects the same
+    episodes for every seed."""
+
+    def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
+        from offrl import multiseed
+
+        self.cfg = cfgs[0]
+        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+        self.agents = multiseed.build_seeded(lambda c: BC(c, data, device), cfgs)
+        self.batch = multiseed.SeedBatch(self.agents, ("actor",), ("optimizer",))
+        self.optimizer = self.batch.batched_optimizers["optimizer"]
+        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
+        self.act = self.batch.acting(self.agents[0].act)
+        self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
+                                          optimizers=(self.optimizer,))
+
+    def gradient_step(self, sample: Batch) -> dict[str, torch.Tensor]:
+        loss = self.batch.vmap(self.agents[0].loss, sample)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()  # each seed's weights get their own loss's gradient
+        self.optimizer.step()
+        return {"actor_loss": loss.detach()}
+
+    def update(self) -> dict[str, torch.Tensor]:
+        return self._gradient_step(self.samplers.sample(self.cfg.batch_size))
+
+
+Seeds = BCSeeds
+
+
+def train_seeds(cfg: Config) -> list[dict]:
+    """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
+    from offrl import multiseed
+
+    return multiseed.train("bc", BCSeeds, cfg, select=selection(cfg), extras=kept)
 
 
 if __name__ == "__main__":

@@ -278,8 +278,8 @@ class SeedRuns:
         for run, state in zip(self.runs, states):
             run.checkpoint(step, state)
 
-    def finish(self) -> list[dict]:
-        return [run.finish() for run in self.runs]
+    def finish(self, extra: dict | None = None) -> list[dict]:
+        return [run.finish(extra) for run in self.runs]
 
 
 def build_seeded(build: Callable[[Any], Any], cfgs: list, compile_ok: bool = False) -> list:
@@ -295,13 +295,15 @@ def build_seeded(build: Callable[[Any], Any], cfgs: list, compile_ok: bool = Fal
     return agents
 
 
-def train(algo: str, make_seeds: Callable[[list, Any, torch.device], Any], cfg) -> list[dict]:
+def train(algo: str, make_seeds: Callable[[list, Any, torch.device], Any], cfg, select: Callable | None = None,
+          extras: Callable[[Any], dict] | None = None) -> list[dict]:
     """The `--seeds` training loop: `make_seeds(cfgs, data, device)` (an algorithm's `Seeds` class) holds the
-    batched model and its `update()`, `states` (one checkpoint state per seed), `batch` and `act`."""
+    batched model and its `update()`, `states` (one checkpoint state per seed), `batch` and `act`. `select`
+    picks episodes as the data loads (BC's --frac), `extras(data)` adds to every seed's final.json."""
     from offrl.data import load_for_training
 
     cfgs = seed_configs(cfg)
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfgs[0].seed)
+    data = load_for_training(cfg.dataset, cfg.data, select=select, seed=cfgs[0].seed)
     runs = SeedRuns(algo, cfgs, data)
     seeds = make_seeds(cfgs, data, runs.device)
     for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):
@@ -310,4 +312,4 @@ def train(algo: str, make_seeds: Callable[[list, Any, torch.device], Any], cfg) 
         runs.log(step, metrics)
         runs.evaluate(step, seeds.act, data.metadata)
         runs.checkpoint(step, seeds.states)
-    return runs.finish()
+    return runs.finish(extras(data) if extras else None)

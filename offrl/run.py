@@ -379,8 +379,8 @@ def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | N
         if getattr(cfg, "seeds", None):
             train_seeds = getattr(sys.modules[train.__module__], "train_seeds", None)
             if train_seeds is None:
-                raise OffrlError(f"--seeds: {train.__module__} does not train seeds as one batched model yet (iql and "
-                                 "td3_bc do); run one process per seed (python -m benchmarks.sweep --seeds ...)")
+                raise OffrlError(f"--seeds: {train.__module__} does not train seeds as one batched model yet (bc, "
+                                 "td3_bc and iql do); run one process per seed (python -m benchmarks.sweep --seeds ...)")
             train_seeds(cfg)
             return
         train(cfg)

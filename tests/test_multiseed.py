@@ -21,15 +21,19 @@ def run_folder(root: Path, seed: int, algo: str = "iql") -> Path:
     return found
 
 
-@pytest.mark.parametrize("algo", ["iql", "td3_bc"])
-def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo):
+@pytest.mark.parametrize("algo, extra", [("iql", []), ("td3_bc", []), ("bc", ["--frac", "0.5"])])
+def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo, extra):
     """Batched matmuls sum in another order than single ones, so the seeds' losses agree with their single-seed
     runs to rounding at first (rel 1e-4 at step 50) and drift slowly (rel 1e-2 by step 200); the evaluations,
-    deterministic policies on the same env seeds, give the same returns."""
-    run_cli(PYTHON, "-m", f"algos.{algo}", "--seeds", "0", "1", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "multi"))
+    deterministic policies on the same env seeds, give the same returns. (%BC: the same episodes kept.)"""
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--seeds", "0", "1", "--steps", "200", *ARGS, *extra,
+            "--run.out-dir", str(tmp_path / "multi"))
     for seed in (0, 1):
-        run_cli(PYTHON, "-m", f"algos.{algo}", "--seed", str(seed), "--steps", "200", *ARGS,
+        run_cli(PYTHON, "-m", f"algos.{algo}", "--seed", str(seed), "--steps", "200", *ARGS, *extra,
                 "--run.out-dir", str(tmp_path / "single"))
+        finals = [json.loads((run_folder(tmp_path / name, seed, algo) / "final.json").read_text())
+                  for name in ("multi", "single")]
+        assert finals[0].get("train/kept_episodes") == finals[1].get("train/kept_episodes")
         batched = metrics(run_folder(tmp_path / "multi", seed, algo))
         single = metrics(run_folder(tmp_path / "single", seed, algo))
         assert [r["step"] for r in batched] == [r["step"] for r in single]
@@ -42,7 +46,8 @@ def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo):
                 assert a["eval/return_mean"] == pytest.approx(b["eval/return_mean"], rel=1e-3)
         config = json.loads((run_folder(tmp_path / "multi", seed, algo) / "config.json").read_text())
         assert config["seed"] == seed and config["seeds"] is None  # the folder is a single-seed run's
-    first = [metrics(run_folder(tmp_path / "multi", seed, algo))[0]["critic_loss"] for seed in (0, 1)]
+    loss = "actor_loss" if algo == "bc" else "critic_loss"
+    first = [metrics(run_folder(tmp_path / "multi", seed, algo))[0][loss] for seed in (0, 1)]
     assert first[0] != first[1]  # the seeds differ from each other
 
 
@@ -63,7 +68,7 @@ def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone
 
 
 def test_seeds_errors(tiny, tmp_path):
-    other = run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "10", "--run.out-dir", str(tmp_path),
+    other = run_cli(PYTHON, "-m", "algos.cql", "--seeds", "0", "1", "--steps", "10", "--run.out-dir", str(tmp_path),
                     check=False)
     assert other.returncode == 1 and "does not train seeds as one batched model yet" in other.stderr
     twice = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
