@@ -203,7 +203,7 @@ def plot(data: dict[str, dict[str, dict]], out: Path, title: str | None = None) 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10 if len(data) == 1 else 12, wrap=True)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
