@@ -30,6 +30,7 @@ from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
 from offrl.graphs import GraphedStep
+from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor
 from offrl.optim import adam
 from offrl.run import Run, cli_main
@@ -109,21 +110,14 @@ def train(cfg: Config) -> dict:
     return run.finish(kept(data))
 
 
-class BCSeeds:
+class BCSeeds(SeedAgents):
     """The seeds of `--seeds` as one batched BC (offrl/multiseed.py): seed i draws its batches with a generator
     seeded as its single-seed run's; every seed steps at once (a CUDA graph on CUDA). --frac selects the same
     episodes for every seed."""
 
     def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
-        from offrl import multiseed
-
-        self.cfg = cfgs[0]
-        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
-        self.agents = multiseed.build_seeded(lambda c: BC(c, data, device), cfgs)
-        self.batch = multiseed.SeedBatch(self.agents, ("actor",), ("optimizer",))
+        super().__init__(cfgs, data, device, lambda c: BC(c, data, device), ("actor",), ("optimizer",))
         self.optimizer = self.batch.batched_optimizers["optimizer"]
-        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
-        self.act = self.batch.acting(self.agents[0].act)
         self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
                                           optimizers=(self.optimizer,))
 

@@ -32,7 +32,6 @@ the timestep embedding (minGPT's grouping), where the official code and CORL dec
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 

@@ -43,6 +43,7 @@ from offrl.data import Batch, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
 from offrl.optim import adam, constant, cosine_decay
+from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, soft_update
 from offrl.run import Run, cli_main
 
@@ -216,23 +217,17 @@ def train(cfg: Config) -> dict:
     return run.finish()
 
 
-class IQLSeeds:
+class IQLSeeds(SeedAgents):
     """The seeds of `--seeds` as one batched IQL (offrl/multiseed.py): `update()` draws each seed's batch
     with that seed's generator and takes every seed's gradient step at once (a CUDA graph on CUDA)."""
 
     def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
-        from offrl import multiseed
-
-        self.cfg = cfgs[0]
-        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
-        self.agents = multiseed.build_seeded(lambda c: IQL(c, data, device), cfgs)
-        self.batch = multiseed.SeedBatch(self.agents, ("actor", "value", "critic", "critic_target"),
-                                         ("value_opt", "actor_critic_opt"), ("actor_schedule",))
+        super().__init__(cfgs, data, device, lambda c: IQL(c, data, device),
+                         ("actor", "value", "critic", "critic_target"), ("value_opt", "actor_critic_opt"),
+                         ("actor_schedule",))
         self.value_opt = self.batch.batched_optimizers["value_opt"]
         self.actor_critic_opt = self.batch.batched_optimizers["actor_critic_opt"]
         self.actor_schedule = self.batch.batched_schedulers["actor_schedule"]
-        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
-        self.act = self.batch.acting(self.agents[0].act)
         self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
                                           optimizers=(self.value_opt, self.actor_critic_opt))
 

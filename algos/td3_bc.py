@@ -35,6 +35,7 @@ from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.optim import adam
+from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
 from offrl.run import Run, cli_main
 
@@ -170,23 +171,16 @@ def train(cfg: Config) -> dict:
     return run.finish()
 
 
-class TD3BCSeeds:
+class TD3BCSeeds(SeedAgents):
     """The seeds of `--seeds` as one batched TD3+BC (offrl/multiseed.py): seed i draws its batches and
     smoothing noise from generators seeded as its single-seed run's; every seed steps at once (CUDA graphs
     on CUDA, one with and one without the delayed actor step)."""
 
     def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
-        from offrl import multiseed
-
-        self.cfg = cfgs[0]
-        self.samplers = multiseed.SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
-        self.agents = multiseed.build_seeded(lambda c: TD3BC(c, data, device), cfgs)
-        self.batch = multiseed.SeedBatch(self.agents, ("actor", "critic", "actor_target", "critic_target"),
-                                         ("actor_opt", "critic_opt"))
+        super().__init__(cfgs, data, device, lambda c: TD3BC(c, data, device),
+                         ("actor", "critic", "actor_target", "critic_target"), ("actor_opt", "critic_opt"))
         self.actor_opt = self.batch.batched_optimizers["actor_opt"]
         self.critic_opt = self.batch.batched_optimizers["critic_opt"]
-        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
-        self.act = self.batch.acting(self.agents[0].act)
         self.actor_metrics: dict[str, torch.Tensor] = {}
         self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
                                           optimizers=(self.actor_opt, self.critic_opt))

@@ -166,6 +166,21 @@ class SeedBatch:
         return SeedView(self, i)
 
 
+class SeedAgents:
+    """What every algorithm's `Seeds` class starts from: the seeds' agents built as their single-seed runs
+    build them, stacked into one `SeedBatch`, a sampler per seed over one shared buffer, one checkpoint state
+    per seed and one batched policy. Subclasses add the gradient step and `update()`."""
+
+    def __init__(self, cfgs: list, data: Any, device: torch.device, build: Callable[[Any], Any],
+                 modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = ()):
+        self.cfg = cfgs[0]
+        self.samplers = SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+        self.agents = build_seeded(build, cfgs)
+        self.batch = SeedBatch(self.agents, modules, optimizers, schedulers)
+        self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
+        self.act = self.batch.acting(self.agents[0].act)
+
+
 class SeedView:
     """Seed i of a SeedBatch as the single-seed agent its run checkpoints."""
 
