@@ -51,7 +51,8 @@ Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
 - states raw and rewards transformed as the dataset was (`--data.*` must match the pre-training's,
   `--data.normalize-states` is refused); the reference's sparse-reward options are not here.
 `--run.compile` compiles the critics and their targets (their LayerNorm, affine and ReLU work fuses): on a
-2-core Xeon at one thread an update went from ~163 to ~140 ms (WSRL's defaults, `benchmarks.speed --algos wsrl`).
+2-core Xeon at one thread an update went from ~163 to ~140 ms (WSRL's defaults, median of 10 updates in a short
+timing script beside a 1-thread job; `python -m benchmarks.speed --algos wsrl [--compile]` times yours).
 Resume restores networks, optimizers, both replay buffers' sampling state, the online rows, the env's
 simulator state and RNGs, so a resumed run continues the same curve (CPU).
 """
