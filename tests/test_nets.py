@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from offrl.nets import (DeterministicActor, Dropout, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, autocast,
-                        TanhGaussianActor, soft_update)
+from offrl.nets import (DeterministicActor, Dropout, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, Linear,
+                        autocast, mlp, TanhGaussianActor, soft_update)
 
 
 def test_ensemble_linear_equals_separate_linears():
@@ -21,6 +21,62 @@ def test_ensemble_linear_equals_separate_linears():
     shared = torch.randn(7, 4)
     torch.testing.assert_close(layer(shared), torch.stack([shared @ layer.weight[e] + layer.bias[e] for e in range(3)]))
     assert layer.weight.abs().max() <= 1 / math.sqrt(4)
+
+
+def test_column_major_input_layer_is_nn_linear_in_values_gradients_and_checkpoints(tmp_path):
+    torch.manual_seed(0)
+    layer = Linear(11, 32)
+    assert layer.weight.stride() == (1, 32) and Linear(32, 32).weight.is_contiguous()  # only narrow inputs
+    plain = nn.Linear(11, 32)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(64, 11, requires_grad=True)
+    g = torch.randn(64, 32)
+    layer(x).backward(g)
+    grad_x = x.grad.clone()
+    x.grad = None
+    plain(x).backward(g)
+    torch.testing.assert_close(grad_x, x.grad)
+    torch.testing.assert_close(layer.weight.grad, plain.weight.grad)
+    assert layer.weight.grad.stride() == layer.weight.stride()  # Adam's state and the gradient share the layout
+    torch.testing.assert_close(layer.bias.grad, plain.bias.grad)
+    # A checkpoint round trip keeps values (and layout), and it loads into nn.Linear and back.
+    torch.save(layer.state_dict(), tmp_path / "layer.pt")
+    loaded = Linear(11, 32)
+    loaded.load_state_dict(torch.load(tmp_path / "layer.pt", weights_only=True))
+    torch.testing.assert_close(loaded.weight, layer.weight)
+    assert loaded.weight.stride() == (1, 32)
+    import copy
+    assert copy.deepcopy(layer).weight.stride() == (1, 32)
+
+
+@pytest.mark.parametrize("shared_input", [False, True])
+def test_ensemble_output_unit_equals_the_batched_product(shared_input):
+    """EnsembleLinear's 1-unit CPU path (multiply and sum) against baddbmm, forward and backward."""
+    torch.manual_seed(0)
+    layer = EnsembleLinear(3, 16, 1)
+    x = torch.randn(*(() if shared_input else (3,)), 40, 16, requires_grad=True)
+    out = layer(x)
+    expanded = x if not shared_input else x.unsqueeze(0).expand(3, -1, -1)
+    reference = torch.baddbmm(layer.bias, expanded, layer.weight)
+    torch.testing.assert_close(out, reference)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, layer.weight, layer.bias), g)
+    expected = torch.autograd.grad(reference, (x, layer.weight, layer.bias), g)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_in_place_relu_mlp_has_the_gradients_of_an_out_of_place_one():
+    torch.manual_seed(0)
+    net = mlp(5, 2, (16, 16))
+    assert all(m.inplace for m in net if isinstance(m, nn.ReLU))
+    reference = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 2))
+    reference.load_state_dict(net.state_dict())
+    x = torch.randn(9, 5)
+    net(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, q in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
 
 
 def test_ensemble_members_train_independently():
