@@ -2,7 +2,13 @@
 
 Actors work in a normalized action space [-1, 1] internally and map to the env's bounds with
 `action_scale` / `action_bias` buffers, so asymmetric Box bounds work too. Critic ensembles are one
-`EnsembleLinear` stack (a [E, in, out] weight and one `baddbmm`), never a Python loop over members.
+`EnsembleLinear` stack (a [E, in, out] weight and one `baddbmm`; a 1-unit output layer on the CPU is a
+multiply-and-sum), never a Python loop over members.
+
+On the CPU, products whose result is narrow ([M, n], n small) run far below the BLAS's peak, so the layers
+keep such products out of the update: `Linear` stores an input layer's weight column-major, `EnsembleLinear`
+computes a 1-unit output without a batched product, and hidden ReLUs run in place. `Linear` is
+`nn.Linear` in values and checkpoints.
 """
 
 from __future__ import annotations
