@@ -102,7 +102,7 @@ class Dropout(nn.Dropout):
 
 
 NARROW = 16
-"""Widths up to this are 'narrow' for the CPU layouts of `Linear` and `EnsembleLinear`."""
+"""`Linear` stores the weight of a layer with at most this many inputs column-major."""
 
 
 class Linear(nn.Linear):

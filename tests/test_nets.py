@@ -1,5 +1,6 @@
 """Network building blocks against their per-member / textbook definitions."""
 
+import copy
 import math
 
 import numpy as np
@@ -39,13 +40,12 @@ def test_column_major_input_layer_is_nn_linear_in_values_gradients_and_checkpoin
     torch.testing.assert_close(layer.weight.grad, plain.weight.grad)
     assert layer.weight.grad.stride() == layer.weight.stride()  # Adam's state and the gradient share the layout
     torch.testing.assert_close(layer.bias.grad, plain.bias.grad)
-    # A checkpoint round trip keeps values (and layout), and it loads into nn.Linear and back.
+    # A checkpoint round trip keeps values and layout, and so does deepcopy (target networks).
     torch.save(layer.state_dict(), tmp_path / "layer.pt")
     loaded = Linear(11, 32)
     loaded.load_state_dict(torch.load(tmp_path / "layer.pt", weights_only=True))
     torch.testing.assert_close(loaded.weight, layer.weight)
     assert loaded.weight.stride() == (1, 32)
-    import copy
     assert copy.deepcopy(layer).weight.stride() == (1, 32)
 
 
@@ -56,6 +56,7 @@ def test_ensemble_output_unit_equals_the_batched_product(shared_input):
     layer = EnsembleLinear(3, 16, 1)
     x = torch.randn(*(() if shared_input else (3,)), 40, 16, requires_grad=True)
     out = layer(x)
+    assert "Baddbmm" not in type(out.grad_fn).__name__  # the multiply-and-sum path ran, not the product
     expanded = x if not shared_input else x.unsqueeze(0).expand(3, -1, -1)
     reference = torch.baddbmm(layer.bias, expanded, layer.weight)
     torch.testing.assert_close(out, reference)
