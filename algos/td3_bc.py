@@ -121,7 +121,7 @@ class TD3BC(Stateful):
 
     def actor_objective(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         pi = self.actor(batch.observations)
-        q_pi = self.critic(batch.observations, pi)[0]
+        q_pi = self.critic(batch.observations, pi, members=slice(0, 1))[0]  # Q_1 alone, as TD3
         loss, lam = actor_loss(q_pi, pi, batch.actions, self.cfg.alpha)
         return loss, {"actor_loss": loss.detach(), "lambda": lam.detach()}
 

@@ -14,6 +14,7 @@ computes a 1-unit output without a batched product, and hidden ReLUs run in plac
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -34,8 +35,12 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         self.head_start = len(layers) - head_layers
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """`members` (ensembles only): run only these members of every ensemble layer."""
         layers = list(self._modules.values())
+        if members is not None:
+            layers = [partial(layer, members=members) if isinstance(layer, (EnsembleLinear, EnsembleLayerNorm))
+                      else layer for layer in layers]
         for layer in layers[:self.head_start]:
             x = layer(x)
         if not torch.is_autocast_enabled(x.device.type):
@@ -146,6 +151,7 @@ def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activatio
 
 class EnsembleLinear(nn.Module):
     """E independent linear layers as one [E, in, out] weight: x [E, B, in] (or [B, in], shared) -> [E, B, out].
+    `members` (a slice of the E) runs only those members: x [e, B, in] or [B, in] -> [e, B, out].
 
     Each member is initialized like `nn.Linear` (uniform in +-1/sqrt(in))."""
 
@@ -161,15 +167,16 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
         if self.out_dim == 1 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # A critic's output unit. On the CPU a batched product with a one-column result, and the two
             # in its backward, run far below the BLAS's peak (a [2, 256, 256] x [2, 256, 1] baddbmm took
             # ~160 us, a multiply-and-sum ~35 us); its backward is elementwise too.
-            return (x * self.weight.mT).sum(-1, keepdim=True) + self.bias
+            return (x * weight.mT).sum(-1, keepdim=True) + bias
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.ensemble_size, -1, -1)
-        return torch.baddbmm(self.bias, x, self.weight)
+            x = x.unsqueeze(0).expand(weight.shape[0], -1, -1)
+        return torch.baddbmm(bias, x, weight)
 
     def extra_repr(self) -> str:
         return f"ensemble_size={self.ensemble_size}, in_dim={self.in_dim}, out_dim={self.out_dim}"
@@ -184,8 +191,9 @@ class EnsembleLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ensemble_size, 1, dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * self.weight + self.bias
+    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * weight + bias
 
 
 class EnsembleMLP(nn.Module):
@@ -205,8 +213,8 @@ class EnsembleMLP(nn.Module):
         self.net = MLP(*layers)
         self.ensemble_size = ensemble_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        return self.net(x, members)
 
 
 class EnsembleCritic(nn.Module):
@@ -231,13 +239,14 @@ class EnsembleCritic(nn.Module):
         self.ensemble_size, self.out_dim = ensemble_size, out_dim
         self.cpu_rows_per_pass = 1 << max(0, (self.CPU_MEMBER_ROWS_PER_PASS // ensemble_size).bit_length() - 1)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+        """`members`: evaluate only these members (TD3's actor loss reads Q_1 alone), [e, B]."""
         x = torch.cat([obs, action], dim=-1)
         rows = self.cpu_rows_per_pass
         if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > rows:
-            out = torch.cat([self.net(block) for block in x.split(rows)], dim=1)
+            out = torch.cat([self.net(block, members) for block in x.split(rows)], dim=1)
         else:
-            out = self.net(x)
+            out = self.net(x, members)
         return out.squeeze(-1) if self.out_dim == 1 else out
 
 
