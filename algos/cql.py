@@ -60,7 +60,7 @@ from offrl.checkpoint import Stateful
 from offrl.config import TrainConfig
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
-from offrl.losses import subsampled_min
+from offrl.losses import subsampled_critic_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 from offrl.optim import adam
 from offrl.run import Run, cli_main
@@ -191,13 +191,13 @@ class CQL(Stateful):
         with torch.no_grad():
             if cfg.max_target_backup:
                 next_actions, next_log_prob = self.actor(next_obs_rep)
-                next_q = subsampled_min(self.critic_target(next_obs_rep, next_actions), k).view(B, n)
+                next_q = subsampled_critic_min(self.critic_target, next_obs_rep, next_actions, k).view(B, n)
                 best = next_q.argmax(dim=1, keepdim=True)
                 next_q = next_q.gather(1, best).squeeze(1)
                 next_log_prob = next_log_prob.view(B, n).gather(1, best).squeeze(1)
             else:
                 next_actions, next_log_prob = self.actor(batch.next_observations)
-                next_q = subsampled_min(self.critic_target(batch.next_observations, next_actions), k)
+                next_q = subsampled_critic_min(self.critic_target, batch.next_observations, next_actions, k)
             if not cfg.deterministic_backup:
                 next_q = next_q - alpha * next_log_prob
             target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q

@@ -35,6 +35,15 @@ def subsampled_min(values: torch.Tensor, k: int | None) -> torch.Tensor:
     return values.index_select(0, index).min(dim=0).values
 
 
+def subsampled_critic_min(critic, obs: torch.Tensor, actions: torch.Tensor, k: int | None) -> torch.Tensor:
+    """`subsampled_min(critic(obs, actions), k)` with the same draw from the same RNG state, evaluating only the
+    drawn members (`EnsembleCritic(..., members=index)`): k / E of the ensemble's work for a target."""
+    if k is None:
+        return critic(obs, actions).min(dim=0).values
+    index = torch.randint(critic.ensemble_size, (k,), device=obs.device)
+    return critic(obs, actions, members=index).min(dim=0).values
+
+
 def huber_loss(diff: torch.Tensor, delta: float) -> torch.Tensor:
     """RIQL's Huber: 0.5 u^2 / delta where |u| < delta, else |u| - 0.5 delta (elementwise).
 

@@ -35,7 +35,7 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         self.head_start = len(layers) - head_layers
 
-    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
         """`members` (ensembles only): run only these members of every ensemble layer."""
         layers = list(self._modules.values())
         if members is not None:
@@ -151,7 +151,8 @@ def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activatio
 
 class EnsembleLinear(nn.Module):
     """E independent linear layers as one [E, in, out] weight: x [E, B, in] (or [B, in], shared) -> [E, B, out].
-    `members` (a slice of the E) runs only those members: x [e, B, in] or [B, in] -> [e, B, out].
+    `members` (a slice of the E, or an index tensor, repeats allowed) runs only those members: x [e, B, in] or
+    [B, in] -> [e, B, out].
 
     Each member is initialized like `nn.Linear` (uniform in +-1/sqrt(in))."""
 
@@ -167,7 +168,7 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
         weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
         if self.out_dim == 1 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # A critic's output unit. On the CPU a batched product with a one-column result, and the two
@@ -191,7 +192,7 @@ class EnsembleLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ensemble_size, 1, dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
         weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
         return F.layer_norm(x, x.shape[-1:], eps=self.eps) * weight + bias
 
@@ -213,7 +214,7 @@ class EnsembleMLP(nn.Module):
         self.net = MLP(*layers)
         self.ensemble_size = ensemble_size
 
-    def forward(self, x: torch.Tensor, members: slice | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
         return self.net(x, members)
 
 
@@ -237,12 +238,23 @@ class EnsembleCritic(nn.Module):
         super().__init__()
         self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, out_dim, hidden, layer_norm=layer_norm)
         self.ensemble_size, self.out_dim = ensemble_size, out_dim
-        self.cpu_rows_per_pass = 1 << max(0, (self.CPU_MEMBER_ROWS_PER_PASS // ensemble_size).bit_length() - 1)
+        self.cpu_rows_per_pass = self.rows_per_pass(ensemble_size)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor, members: slice | None = None) -> torch.Tensor:
-        """`members`: evaluate only these members (TD3's actor loss reads Q_1 alone), [e, B]."""
+    @classmethod
+    def rows_per_pass(cls, members: int) -> int:
+        """Rows of a CPU block for `members` members evaluated together."""
+        return 1 << max(0, (cls.CPU_MEMBER_ROWS_PER_PASS // members).bit_length() - 1)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor,
+                members: slice | torch.Tensor | None = None) -> torch.Tensor:
+        """`members`: evaluate only these members, [e, B] (TD3's actor loss reads Q_1 alone; a REDQ-style target
+        the min of a random subset, offrl.losses.subsampled_critic_min)."""
         x = torch.cat([obs, action], dim=-1)
-        rows = self.cpu_rows_per_pass
+        if members is None:
+            rows = self.cpu_rows_per_pass
+        else:
+            count = members.numel() if isinstance(members, torch.Tensor) else len(range(self.ensemble_size)[members])
+            rows = self.rows_per_pass(count)
         if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > rows:
             out = torch.cat([self.net(block, members) for block in x.split(rows)], dim=1)
         else:

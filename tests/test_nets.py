@@ -90,9 +90,10 @@ def test_ensemble_members_train_independently():
 
 
 @pytest.mark.parametrize("layer_norm", [False, True])
-@pytest.mark.parametrize("members", [slice(0, 1), slice(1, 3)])
+@pytest.mark.parametrize("members", [slice(0, 1), slice(1, 3), torch.tensor([2, 0, 2])])
 def test_critic_member_subset_equals_those_members_of_the_full_pass(layer_norm, members):
-    """`members=` runs only those members (TD3+BC's actor loss reads Q_1 alone): outputs and the gradients
+    """`members=` runs only those members (TD3+BC's actor loss reads Q_1 alone; a subsampled target draws an
+    index tensor, repeats allowed): outputs and the gradients
     into the members' weights and into the actions are those the full ensemble gives them, and the other
     members' weights get no gradient."""
     torch.manual_seed(0)

@@ -17,7 +17,8 @@ from offrl.config import DataConfig
 from offrl.data import Batch, ReplayBuffer, load_for_training
 from offrl.data.dataset import Dataset
 from offrl.errors import CheckpointError, OffrlError
-from offrl.losses import subsampled_min
+from offrl.losses import subsampled_critic_min, subsampled_min
+from offrl.nets import EnsembleCritic
 from offrl.sac import SACAgent
 
 from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
@@ -336,6 +337,14 @@ def test_subsampled_target_without_entropy_backup():
     torch.manual_seed(1)
     torch.testing.assert_close(subsampled_min(values, 2), values[drawn].min(dim=0).values)
     assert any(torch.equal(subsampled_min(values, 1), member) for member in values)
+    # evaluating only the drawn members gives the same draw and values as the full pass
+    critic = EnsembleCritic(3, 1, 5, hidden=(8,), layer_norm=True)
+    obs, actions = torch.randn(6, 3), torch.randn(6, 1)
+    for k in (None, 1, 2, 7):
+        torch.manual_seed(3)
+        want = subsampled_min(critic(obs, actions), k)
+        torch.manual_seed(3)
+        torch.testing.assert_close(subsampled_critic_min(critic, obs, actions, k), want)
 
     torch.manual_seed(0)
     agent = SACAgent(3, 1, np.array([-1.0]), np.array([1.0]), torch.device("cpu"), hidden=(8,), num_critics=5,
