@@ -190,7 +190,7 @@ class CQL(Stateful):
         next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
         with torch.no_grad():
             if cfg.max_target_backup:
-                next_actions, next_log_prob = self.actor(next_obs_rep)
+                next_actions, next_log_prob = self.actor(batch.next_observations, repeat=n)
                 next_q = subsampled_critic_min(self.critic_target, next_obs_rep, next_actions, k).view(B, n)
                 best = next_q.argmax(dim=1, keepdim=True)
                 next_q = next_q.gather(1, best).squeeze(1)
@@ -202,8 +202,8 @@ class CQL(Stateful):
                 next_q = next_q - alpha * next_log_prob
             target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q
             uniform = self.action_low + self.action_range * torch.rand(B * n, self.action_range.numel(), device=obs_rep.device)
-            pi_actions, log_pi = self.actor(obs_rep)
-            next_pi_actions, log_next_pi = self.actor(next_obs_rep)
+            pi_actions, log_pi = self.actor(batch.observations, repeat=n)
+            next_pi_actions, log_next_pi = self.actor(batch.next_observations, repeat=n)
         # One ensemble forward for every Q the loss needs: data, uniform, pi(s) and pi(s') actions at s.
         all_obs = torch.cat([batch.observations, obs_rep, obs_rep, obs_rep])
         all_actions = torch.cat([batch.actions, uniform, pi_actions, next_pi_actions])

@@ -322,9 +322,13 @@ class TanhGaussianActor(_ActionScaling):
         mean, log_std = self.trunk(obs).chunk(2, dim=-1)
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
-    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterized sample (or the mode) and its log-probability, shape [..., act_dim] and [...]."""
+    def forward(self, obs: torch.Tensor, deterministic: bool = False, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterized sample (or the mode) and its log-probability, shape [..., act_dim] and [...].
+        `repeat`: `repeat` samples per state, rows [B * repeat] as `obs.repeat_interleave(repeat, 0)` would give
+        them (CQL's sampled actions), from one pass of the network over the B states."""
         mean, log_std = self.distribution(obs)
+        if repeat > 1:
+            mean, log_std = mean.repeat_interleave(repeat, dim=0), log_std.repeat_interleave(repeat, dim=0)
         std = log_std.exp()
         u = mean if deterministic else mean + std * torch.randn_like(mean)
         log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)

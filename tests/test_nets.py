@@ -140,6 +140,22 @@ def test_critic_and_actor_shapes_and_bounds():
     assert (a[:, 0].abs() <= 1).all() and (a[:, 1] >= 0).all() and (a[:, 1] <= 4).all()
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_tanh_gaussian_repeat_equals_sampling_at_repeated_states(layer_norm):
+    """`actor(obs, repeat=n)` (CQL's n actions per state, one pass over the B states) draws the same noise
+    and gives the same actions and log-probabilities as `actor(obs.repeat_interleave(n, 0))`."""
+    torch.manual_seed(0)
+    actor = TanhGaussianActor(5, 2, [-1.0, -2.0], [1.0, 3.0], hidden=(16, 16), layer_norm=layer_norm)
+    obs = torch.randn(7, 5)
+    torch.manual_seed(1)
+    want = actor(obs.repeat_interleave(4, dim=0))
+    torch.manual_seed(1)
+    got = actor(obs, repeat=4)
+    assert got[0].shape == (28, 2) and got[1].shape == (28,)
+    torch.testing.assert_close(got, want)
+    assert not torch.equal(got[0][0], got[0][1])  # each repeat its own draw
+
+
 def test_tanh_gaussian_log_prob_matches_change_of_variables():
     torch.manual_seed(0)
     actor = TanhGaussianActor(3, 2, [-2.0, -2.0], [2.0, 2.0], hidden=(16,))
