@@ -322,7 +322,8 @@ class TanhGaussianActor(_ActionScaling):
         mean, log_std = self.trunk(obs).chunk(2, dim=-1)
         return mean, log_std.clamp(self.log_std_min, self.log_std_max)
 
-    def forward(self, obs: torch.Tensor, deterministic: bool = False, repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor, deterministic: bool = False,
+                repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterized sample (or the mode) and its log-probability, shape [..., act_dim] and [...].
         `repeat`: `repeat` samples per state, rows [B * repeat] as `obs.repeat_interleave(repeat, 0)` would give
         them (CQL's sampled actions), from one pass of the network over the B states."""

@@ -61,7 +61,8 @@ class SACAgent(Stateful):
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
             next_actions, next_log_prob = self.actor(batch.next_observations)
-            next_q = subsampled_critic_min(self.critic_target, batch.next_observations, next_actions, self.critic_subsample)
+            next_q = subsampled_critic_min(self.critic_target, batch.next_observations, next_actions,
+                                           self.critic_subsample)
             if self.backup_entropy:
                 next_q = next_q - alpha * next_log_prob
             target = batch.rewards + self.gamma * (1.0 - batch.terminals) * next_q
