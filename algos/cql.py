@@ -187,9 +187,9 @@ class CQL(Stateful):
         k = cfg.critic_subsample
         alpha = self.log_alpha.detach().exp()
         obs_rep = batch.observations.repeat_interleave(n, dim=0)  # [B*N, obs]
-        next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
         with torch.no_grad():
             if cfg.max_target_backup:
+                next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
                 next_actions, next_log_prob = self.actor(batch.next_observations, repeat=n)
                 next_q = subsampled_critic_min(self.critic_target, next_obs_rep, next_actions, k).view(B, n)
                 best = next_q.argmax(dim=1, keepdim=True)

@@ -31,8 +31,12 @@ def subsampled_min(values: torch.Tensor, k: int | None) -> torch.Tensor:
     every member when k is None. The draw uses torch's global RNG on the values' device: no host sync."""
     if k is None:
         return values.min(dim=0).values
-    index = torch.randint(values.shape[0], (k,), device=values.device)
-    return values.index_select(0, index).min(dim=0).values
+    return values.index_select(0, draw_members(values.shape[0], k, values.device)).min(dim=0).values
+
+
+def draw_members(ensemble_size: int, k: int, device: torch.device) -> torch.Tensor:
+    """The k members, with replacement, that `subsampled_min` and `subsampled_critic_min` take the min over."""
+    return torch.randint(ensemble_size, (k,), device=device)
 
 
 def subsampled_critic_min(critic, obs: torch.Tensor, actions: torch.Tensor, k: int | None) -> torch.Tensor:
@@ -40,8 +44,7 @@ def subsampled_critic_min(critic, obs: torch.Tensor, actions: torch.Tensor, k: i
     drawn members (`EnsembleCritic(..., members=index)`): k / E of the ensemble's work for a target."""
     if k is None:
         return critic(obs, actions).min(dim=0).values
-    index = torch.randint(critic.ensemble_size, (k,), device=obs.device)
-    return critic(obs, actions, members=index).min(dim=0).values
+    return critic(obs, actions, members=draw_members(critic.ensemble_size, k, obs.device)).min(dim=0).values
 
 
 def huber_loss(diff: torch.Tensor, delta: float) -> torch.Tensor:

@@ -88,14 +88,12 @@ def test_ensemble_members_train_independently():
     assert all(p.grad[1].abs().sum() == 0 for p in net.parameters())
 
 
-
 @pytest.mark.parametrize("layer_norm", [False, True])
 @pytest.mark.parametrize("members", [slice(0, 1), slice(1, 3), torch.tensor([2, 0, 2])])
 def test_critic_member_subset_equals_those_members_of_the_full_pass(layer_norm, members):
     """`members=` runs only those members (TD3+BC's actor loss reads Q_1 alone; a subsampled target draws an
-    index tensor, repeats allowed): outputs and the gradients
-    into the members' weights and into the actions are those the full ensemble gives them, and the other
-    members' weights get no gradient."""
+    index tensor, repeats allowed): outputs and the gradients into the members' weights and into the actions
+    are those the full ensemble gives them, and the other members' weights get no gradient."""
     torch.manual_seed(0)
     critic = EnsembleCritic(5, 2, 3, hidden=(16, 16), layer_norm=layer_norm)
     obs, act = torch.randn(7, 5), torch.randn(7, 2, requires_grad=True)
@@ -112,6 +110,7 @@ def test_critic_member_subset_equals_those_members_of_the_full_pass(layer_norm, 
         outside = torch.ones(want.shape[0], dtype=torch.bool)
         outside[members] = False
         assert got[outside].abs().sum() == 0
+
 
 @pytest.mark.parametrize("members, rows_per_pass", [(2, 1024), (10, 128), (64, 32)])
 def test_critic_row_blocks_give_one_pass_outputs_and_gradients(members, rows_per_pass):

@@ -337,14 +337,17 @@ def test_subsampled_target_without_entropy_backup():
     torch.manual_seed(1)
     torch.testing.assert_close(subsampled_min(values, 2), values[drawn].min(dim=0).values)
     assert any(torch.equal(subsampled_min(values, 1), member) for member in values)
-    # evaluating only the drawn members gives the same draw and values as the full pass
+    # evaluating only the drawn members gives the same draw and values as the full pass, and runs k members
     critic = EnsembleCritic(3, 1, 5, hidden=(8,), layer_norm=True)
     obs, actions = torch.randn(6, 3), torch.randn(6, 1)
+    members_run = []
+    critic.net.net[0].register_forward_hook(lambda module, args, out: members_run.append(out.shape[0]))
     for k in (None, 1, 2, 7):
         torch.manual_seed(3)
         want = subsampled_min(critic(obs, actions), k)
         torch.manual_seed(3)
         torch.testing.assert_close(subsampled_critic_min(critic, obs, actions, k), want)
+        assert members_run[-1] == (5 if k is None else k)
 
     torch.manual_seed(0)
     agent = SACAgent(3, 1, np.array([-1.0]), np.array([1.0]), torch.device("cpu"), hidden=(8,), num_critics=5,
