@@ -8,7 +8,7 @@ A deterministic actor pi(s) = scale * tanh(f(s)) + bias regresses the dataset ac
 With `--frac f` < 1 only the best round(f * n) of the n episodes by (discounted) return are kept (at
 least one); the state statistics are then computed on the kept episodes, as CORL does.
 
-Defaults (FACTS.md section 1): 2x256 ReLU MLP with tanh output, Adam 3e-4, batch 256, 1M steps,
+Defaults (docs/FACTS.md section 1): 2x256 ReLU MLP with tanh output, Adam 3e-4, batch 256, 1M steps,
 states normalized with std + 1e-3; `frac_discount` 1.0 as CORL's bc_10 configs.
 Deviation from CORL's `keep_best_trajectories`, which runs on qlearning_dataset's rows (time-out rows
 already dropped) and cuts a trajectory at a terminal or after every 1000 rows, keeping

@@ -26,11 +26,11 @@ so the penalty stops pushing them below what the behaviour policy earned; the un
 bounded (the reference's `calql_bound_random_actions=False`). The bound is applied before the importance
 weights are subtracted, as in github.com/nakamotoo/Cal-QL (`conservative_sac.py`) and WSRL's `cql.py`.
 
-Defaults (FACTS.md sections 4 and 17): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4,
+Defaults (docs/FACTS.md sections 4 and 17): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4,
 policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, raw
 (unnormalized) states, as the official README's recommended command and OfflineRL-Kit, neither of which
 normalizes states. CORL differs in three places, each one flag away: `--cql-alpha 10 --actor-lr 3e-5
---data.normalize-states` (std + 1e-3). WSRL's locomotion pre-training (FACTS.md section 14, `--use_redq`) is
+--data.normalize-states` (std + 1e-3). WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
 `--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
 (250k steps; with `--run.compile` a step took 0.89 s instead of 1.08 s at one thread on a 2-core Xeon, where
 the 10 LayerNorm critics' elementwise work is about half of it); algos/wsrl.py fine-tunes its checkpoint. With `--critic-subsample k` the target's min and the

@@ -9,7 +9,7 @@ each reward received.
     a_hat_t = tanh(W h(s_t))                          (h: the transformer output at s_t's token)
     L       = mean over unpadded t of ||a_hat_t - a_t||^2    (in the unit action box [-1, 1])
 
-Defaults (FACTS.md section 6, official code): 3 layers, 1 head, width 128, context K = 20, dropout 0.1,
+Defaults (docs/FACTS.md section 6, official code): 3 layers, 1 head, width 128, context K = 20, dropout 0.1,
 ReLU MLPs of width 4*128, AdamW lr 1e-4 with weight decay 1e-4, linear warm-up over 10k steps,
 grad-norm clip 0.25, batch 64, 100k steps, returns-to-go undiscounted and divided by 1000, states
 normalized with std + 1e-6, 100 evaluation episodes. Evaluation runs two targets, the first being the
@@ -252,7 +252,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 
 
 PAPER_TARGETS = {"hopper": 3600.0, "walker2d": 5000.0, "halfcheetah": 12000.0}
-"""The DT paper's first evaluation target per D4RL env (the second is half of it; FACTS.md section 6)."""
+"""The DT paper's first evaluation target per D4RL env (the second is half of it; docs/FACTS.md section 6)."""
 
 
 def expert_target(cfg: Config, metadata: dict) -> float:

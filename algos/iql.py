@@ -12,13 +12,13 @@ in the official code's order:
             L_Q  = sum_i mean (Q_i(s, a) - y)^2
     target: Polyak update of the Q ensemble with tau.
 
-Defaults are the official locomotion config (FACTS.md section 3): expectile 0.7, beta 3.0,
+Defaults are the official locomotion config (docs/FACTS.md section 3): expectile 0.7, beta 3.0,
 gamma 0.99, tau 0.005, 2x256 networks, Adam 3e-4 with the actor's lr cosine-decayed to 0 over
 training, batch 256, Gaussian actor with tanh mean and state-independent log-std clipped to
 [-5, 2] (not tanh-squashed; evaluated at its mean); rewards scaled by 1000 / (max - min episode
 return); dataset actions clipped to the bounds shrunk by 1e-5; no state normalization.
 
-`--critic-loss hl-gauss` (Farebrother et al. 2024, FACTS.md section 15) makes Q and V categorical
+`--critic-loss hl-gauss` (Farebrother et al. 2024, docs/FACTS.md section 15) makes Q and V categorical
 over `hl_bins` bins on [v_min, v_max] (default: [min r, max r] / (1 - gamma) of the preprocessed
 data), trained with cross-entropy against HL-Gauss targets (sigma = `hl_sigma_ratio` x bin width)
 and read out as expectations. V's expectile becomes a weight on its cross-entropy:

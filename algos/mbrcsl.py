@@ -15,7 +15,7 @@ joining the good half of one to the good half of another. MBRCSL lets a model do
     4. RCSL (algos.rcsl, MSE head) trained on the kept rollouts only, with returns-to-go computed inside each
        rollout (R_t = sum of its rewards from t on), and evaluated conditioned on the best kept return.
 
-Defaults are the reference's point-maze settings (FACTS.md section 8, `run_mbrcsl_maze.py`): 10 diffusion
+Defaults are the reference's point-maze settings (docs/FACTS.md section 8, `run_mbrcsl_maze.py`): 10 diffusion
 steps, rollouts of 200, 100 trajectories kept, at most 1000 rollout batches; RCSL 1024-1024, lr 5e-5,
 weight decay 0.1, batch 256, 10% hold-out. Deviations: the diffusion network is an eighth of the
 reference's width and trains 20k steps at its stated learning rate (offrl.generative explains why);

@@ -10,10 +10,10 @@ the critic's target and measures how much the ensemble's members disagree about 
     L_pi     = mean (alpha log pi(a~|s) - min_j Q_j(s, a~));   alpha = min(exp(log alpha), 1), tuned to -|A|
                (or fixed at 0.2 where the paper's config turns tuning off)
 
-Defaults (FACTS.md section 10, the official `configs/gym/*.py` and OfflineRL-Kit's `mobile.py`): SAC 2 x 256
+Defaults (docs/FACTS.md section 10, the official `configs/gym/*.py` and OfflineRL-Kit's `mobile.py`): SAC 2 x 256
 with 2 critics, actor lr 1e-4 decayed to 0 by a cosine over the run, critic lr 3e-4, alpha lr 1e-4 from
 alpha 1 when tuned (the official `train.py` starts log alpha at 0; its config's alpha 0.2 is the fixed
-value where tuning is off, and FACTS.md's "alpha init 0.2" is read from that config), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
+value where tuning is off, and docs/FACTS.md's "alpha init 0.2" is read from that config), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
 steps kept for 5 rounds, 3M steps; (h, beta) and the other per-task settings from the official table
 (hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2). Other data: h 5, beta 1.0, alpha tuned.
 
@@ -39,7 +39,7 @@ from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
 from world_models.rollout import ModelData, bellman_penalty, benchmark_model_data, real_rows
 
-# (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (FACTS.md section 10).
+# (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (docs/FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
             ("walker2d", "medium"): (5, 0.5, True, None, 30), ("halfcheetah", "medium-replay"): (5, 0.1, True, None, None),
             ("hopper", "medium-replay"): (5, 0.1, False, None, None), ("walker2d", "medium-replay"): (1, 0.5, True, None, None),

@@ -11,11 +11,11 @@ rewards are lowered by the model's uncertainty:
     y = r + gamma (1 - d) (min_j Q_targ_j(s', a') - alpha log pi(a'|s')),  L_Q = sum_j mean (Q_j - y)^2
     L_pi = mean (alpha log pi(a~|s) - min_j Q_j(s, a~))
 
-The dynamics model is `world_models.ensemble` (7 members, 5 elites, 4 x 200; FACTS.md section 13),
+The dynamics model is `world_models.ensemble` (7 members, 5 elites, 4 x 200; docs/FACTS.md section 13),
 trained on the raw dataset and cached by dataset checksum and config (`--model-path` to pass one).
 Terminations come from `world_models.termination` (the Gymnasium v5 env's own rule).
 
-Defaults (FACTS.md section 9, OfflineRL-Kit's `run_mopo.py`): SAC 2 x 256, actor lr 1e-4, critic lr
+Defaults (docs/FACTS.md section 9, OfflineRL-Kit's `run_mopo.py`): SAC 2 x 256, actor lr 1e-4, critic lr
 3e-4, alpha lr 1e-4 from alpha 1 with target entropy -|A|, batch 256, gamma 0.99, tau 5e-3, real
 ratio 0.05, rollouts of 50k states every 1000 steps kept for 5 rounds, 3M steps. (h, lambda) per
 dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), also used for the offrl suite's
@@ -42,7 +42,7 @@ from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.rollout import ModelData, aleatoric_penalty, benchmark_model_data
 
-# (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (FACTS.md section 9).
+# (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (docs/FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
             ("halfcheetah", "medium-replay"): (5, 0.5), ("hopper", "medium-replay"): (5, 2.5),
             ("walker2d", "medium-replay"): (1, 2.5), ("halfcheetah", "medium-expert"): (5, 2.5),

@@ -13,7 +13,7 @@ the critics disagree, with EDAC's gradient-diversity term:
 each step in the official order: alpha, then actor, then critics (their target uses the updated actor),
 then the Polyak update. Batches mix 5% dataset rows with model rows.
 
-Defaults (the official `train_ravl_agent.py` and `agent_training/agent.py`, FACTS.md section 12): N = 10
+Defaults (the official `train_ravl_agent.py` and `agent_training/agent.py`, docs/FACTS.md section 12): N = 10
 critics and a tanh-Gaussian actor with 3 hidden layers of 256, EDAC's init (hidden biases 0.1, the
 critics' output layer and the actor's heads uniform in +-3e-3 and +-1e-3), Adam 3e-4 for actor, critics
 and alpha, alpha starting at 1 (log alpha = 0; the config's alpha 0.1 is used only without tuning),

@@ -1,7 +1,7 @@
 """RIQL: "Towards Robust Offline Reinforcement Learning under Diverse Data Corruption"
 (Yang et al., ICLR 2024).
 
-IQL made robust to corrupted data with three changes (FACTS.md section 5):
+IQL made robust to corrupted data with three changes (docs/FACTS.md section 5):
 1. a K-critic ensemble whose alpha-quantile (not min) is V's target: a few corrupted members
    cannot drag it down or up;
 2. a Huber loss for Q, so corrupted targets pull with bounded force;
@@ -23,7 +23,7 @@ delta 1, sigma 3 -> delta 1/9.
 Defaults follow RIQL's code (built on CORL's IQL): K = 5, quantile 0.25, sigma 1.0, expectile 0.7,
 beta 3.0, 2x256 networks, Adam 3e-4 (actor cosine-decayed), batch 256, gamma 0.99, tau 0.005,
 deterministic actor, no reward normalization, 3M steps evaluated every 10k. Per-dataset sigma,
-quantile and K from the paper's config are in FACTS.md. As in CORL/RIQL, the advantage and the Q
+quantile and K from the paper's config are in docs/FACTS.md. As in CORL/RIQL, the advantage and the Q
 target use V before its update (official IQL uses it after).
 Deviation: RIQL initializes its critics EDAC-style (hidden biases 0.1, last layer U(+-3e-3)); we do
 too, on the batched ensemble.

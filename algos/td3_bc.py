@@ -11,7 +11,7 @@ Actor (every `policy_freq` critic steps):
     L_pi   = -lambda * mean Q_1(s, pi(s)) + mean (pi(s) - a)^2
 then Polyak updates of the actor and both critics with tau.
 
-Defaults are the paper's locomotion settings (FACTS.md section 2): alpha 2.5, gamma 0.99, tau 0.005,
+Defaults are the paper's locomotion settings (docs/FACTS.md section 2): alpha 2.5, gamma 0.99, tau 0.005,
 policy noise 0.2, noise clip 0.5, policy freq 2, batch 256, Adam 3e-4, 2x256 networks, states
 normalized with std + 1e-3, no reward normalization.
 

@@ -27,7 +27,7 @@ Baselines, through this same entry point with the same env-step budget and seeds
                             (SAC's learning_starts), then the same updates
 `python -m benchmarks.wsrl_plot <run folders>` draws their learning curves.
 
-Defaults (FACTS.md section 14; the reference's `locomotion_wsrl` config and `launch_wsrl_finetune.sh`):
+Defaults (docs/FACTS.md section 14; the reference's `locomotion_wsrl` config and `launch_wsrl_finetune.sh`):
 2x256 ReLU networks with LayerNorm, 10 critics with subsample 2, actor lr 1e-4, critic lr 3e-4, temperature
 lr 1e-4, gamma 0.99, tau 5e-3, target entropy -|A|, no entropy backup, UTD 4, batch 1024, warm-up 5000,
 500k online env steps, deterministic evaluation of 20 episodes every 20k env steps. The pre-trained

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Train (or continue training) the SAC behaviour policies of the dataset suite, one 1-thread
-# process per env (two 1-thread processes beat one 2-thread process on 2 cores, MEASURED.md).
+# process per env (two 1-thread processes beat one 2-thread process on 2 cores: results/speed.md,
+# "Runs sharing the CPU").
 # Resumable: rerun the same command after an interruption.
 #   benchmarks/behaviour_policies.sh [OUT_DIR] [ENV ...]
 set -euo pipefail

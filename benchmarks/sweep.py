@@ -7,7 +7,8 @@
 A variant is `label=algo [extra options]`, e.g. `--variant "iql-corrupt=iql --data.corrupt next_observations"`.
 Run i of a variant lives in <out-dir>/<name>/<label>/<algo>/<dataset>/<seed>-sweep/. Rerunning the same
 command skips finished runs and continues interrupted ones from their last checkpoint (--resume auto),
-so a sweep can span sessions. Two 1-thread processes beat one 2-thread process on 2 cores (MEASURED.md).
+so a sweep can span sessions. Two 1-thread processes beat one 2-thread process on 2 cores
+(results/speed.md, "Runs sharing the CPU").
 
 At a sweep's tail fewer runs are left than --jobs, and cores idle. With --spread-threads the sweep then
 stops a running run (SIGTERM: it finishes its step and saves a checkpoint) and resumes it at once with

@@ -8,7 +8,7 @@
 # BC 1.3, IQL 7.1, RIQL 12.1, CQL 168 in fp32; CQL 66 under --run.precision bf16, speed-bf16.md):
 # 30k gradient steps for BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the
 # table states them. RIQL uses its paper's hopper setting for corrupted dynamics (sigma 1.0, quantile
-# 0.5; FACTS.md 5).
+# 0.5; docs/FACTS.md 5).
 # On a machine with a GPU and more cores, the CPU-bound runs and CQL can go separately:
 #   JOBS=13 DEVICE=cpu CQL_JOBS=3 CQL_DEVICE=cuda benchmarks/value_based.sh [OUT_DIR]
 #   JOBS=2 benchmarks/value_based.sh [OUT_DIR]

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
                            description="Make a suite dataset by id, all of them (--all), or your own from a policy "
                                        "file (--env --policy --steps --id). Policy files: offrl-actor-v1 files "
                                        "(SAC snapshots, offrl.policies.save_actor) and offrl training checkpoints "
-                                       "(runs/<algo>/.../checkpoints/last.pt of sac, td3_bc, bc).")
+                                       "(runs/<algo>/.../checkpoints/last.pt of sac, cql, td3_bc, bc, iql, riql).")
     make.add_argument("dataset_id", nargs="?", help="e.g. offrl/tiny-v0 or offrl/hopper/medium-v0")
     make.add_argument("--all", action="store_true", help="make every suite dataset that is not on disk yet")
     make.add_argument("--force", action="store_true", help="replace existing datasets")

@@ -104,14 +104,14 @@ class RunConfig:
     compile: bool = False
     """Wrap the loss computation in torch.compile (about 10 s to compile)."""
     cuda_graph: bool = True
-    """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and IQL's and TD3+BC's --seeds) as a CUDA
-    graph after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of hundreds, the same
-    arithmetic (results/speed-gpu.md). No effect on the CPU."""
+    """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
+    IQL) as a CUDA graph after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of
+    hundreds, the same arithmetic (results/speed-gpu.md). No effect on the CPU."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Gradient steps in float32, or under bfloat16 autocast: hidden-layer matmuls in bf16, output layers,
     weights and optimizer state in float32 (CQL and DT updates 2.3-2.8x faster on this project's AVX512-BF16
-    CPU, results/speed-bf16.md; not measured on a GPU). Not bit-compatible with fp32, so a run cannot be
-    resumed with the other precision."""
+    CPU, results/speed-bf16.md; on an H100 only CQL gains, results/speed-gpu.md). Not bit-compatible with
+    fp32, so a run cannot be resumed with the other precision."""
 
 
 @dataclass

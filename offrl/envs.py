@@ -1,7 +1,7 @@
 """Environments offrl defines itself.
 
 `offrl/PointMazeStitch-v0`: MBRCSL's point-maze stitching task (Zhou et al., NeurIPS 2023;
-FACTS.md section 8), on gymnasium-robotics' PointMaze (`pip install -e ".[maze]"`):
+docs/FACTS.md section 8), on gymnasium-robotics' PointMaze (`pip install -e ".[maze]"`):
 
     map (1 = wall)          start S = cell (1, 2), goal G = cell (2, 4), 200 steps, no termination
     1 1 1 1 1 1

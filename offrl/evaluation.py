@@ -38,7 +38,7 @@ def make_env(metadata: dict) -> gym.Env:
 
 def make_vector_env(metadata: dict, num_envs: int) -> gym.vector.VectorEnv:
     spec = env_spec_from_metadata(metadata)
-    # SyncVectorEnv: on 2 cores AsyncVectorEnv's process overhead makes it slower (MEASURED.md).
+    # SyncVectorEnv: on 2 cores AsyncVectorEnv's process overhead made it slower when measured.
     return gym.vector.SyncVectorEnv([lambda: _make(spec, metadata) for _ in range(num_envs)])
 
 

@@ -62,7 +62,7 @@ def ensemble_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
 
 
 class HLGauss(nn.Module):
-    """HL-Gauss classification targets (Imani & White 2018; Farebrother et al. 2024, FACTS.md 15).
+    """HL-Gauss classification targets (Imani & White 2018; Farebrother et al. 2024, docs/FACTS.md 15).
 
     `bins` bins on [v_min, v_max]; a scalar target y becomes the mass of N(y, sigma^2) in each bin,
     renormalized over the support; the loss is cross-entropy against it; the value read out is the

@@ -1,7 +1,7 @@
 """Normalized scores: 100 * (return - ref_min) / (ref_max - ref_min).
 
 Reference scores come from the dataset's metadata (the offrl suite and Minari datasets with an
-expert policy), or, for D4RL files, from D4RL's table (FACTS.md section 0). The D4RL values were
+expert policy), or, for D4RL files, from D4RL's table (docs/FACTS.md section 0). The D4RL values were
 measured on mujoco-py v2 environments; they are only used for D4RL files and say so in
 `ref_source`, never for the Gymnasium v5 suite.
 """

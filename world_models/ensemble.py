@@ -1,4 +1,4 @@
-"""Probabilistic dynamics ensemble: the MBPO / MOPO / OfflineRL-Kit model (FACTS.md section 13).
+"""Probabilistic dynamics ensemble: the MBPO / MOPO / OfflineRL-Kit model (docs/FACTS.md section 13).
 
 E members (default 7) predict a Gaussian over [s' - s, r] from (s, a), all in one batched module
 (`offrl.nets.EnsembleMLP`: one [E, in, out] weight per layer, no Python loop over members):
@@ -39,7 +39,7 @@ from offrl.nets import EnsembleLinear, EnsembleMLP
 
 @dataclass
 class EnsembleConfig:
-    """The dynamics ensemble and how it is trained (FACTS.md section 13)."""
+    """The dynamics ensemble and how it is trained (docs/FACTS.md section 13)."""
 
     members: int = 7
     """Members trained."""

@@ -1,4 +1,4 @@
-"""Data corruption, RIQL's protocol (Yang et al., ICLR 2024; FACTS.md section 5), for any algorithm
+"""Data corruption, RIQL's protocol (Yang et al., ICLR 2024; docs/FACTS.md section 5), for any algorithm
 through `--data.corrupt <field>`.
 
 Each transition is hit independently with probability `rate` (a NumPy generator seeded with the

@@ -318,7 +318,7 @@ D4RL_REQUIRED = ("observations", "actions", "rewards", "terminals")
 
 def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int = 1000,
                    trajectories: bool = False) -> Dataset:
-    """D4RL `qlearning_dataset` semantics (FACTS.md section 0), with OfflineRL-Kit's fix:
+    """D4RL `qlearning_dataset` semantics (docs/FACTS.md section 0), with OfflineRL-Kit's fix:
 
     - rows i = 0..N-2; s' = next_observations[i] when the file has it, else observations[i+1];
     - rows with timeouts[i] = 1 are dropped (their s' is the next episode's first state in files
