@@ -10,6 +10,13 @@ command skips finished runs and continues interrupted ones from their last check
 so a sweep can span sessions. Two 1-thread processes beat one 2-thread process on 2 cores
 (results/speed.md, "Runs sharing the CPU").
 
+Each run holds a lock (`<seed>-sweep.lock` beside its log) for as long as its process lives, with either
+backend. A run whose process outlived its sweep (the sweep alone was killed) keeps its lock and goes on;
+a new sweep started meanwhile leaves that run alone until its process exits, then skips it if it
+finished or resumes it if not. Never two processes in one run folder. Stop a local sweep with all its
+runs by signalling its process group (Ctrl-C in its terminal, or `kill -- -<pgid>`): each run saves a
+checkpoint on SIGINT/SIGTERM.
+
 At a sweep's tail fewer runs are left than --jobs, and cores idle. With --spread-threads the sweep then
 stops a running run (SIGTERM: it finishes its step and saves a checkpoint) and resumes it at once with
 the idle cores as extra threads (`--run.threads` is a setting a resume may change). A run's threads only
@@ -43,6 +50,11 @@ from pathlib import Path
 from offrl.checkpoint import has_checkpoint
 from offrl.data.sources import sanitize
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks
+    fcntl = None
+
 
 @dataclass
 class Job:
@@ -68,6 +80,10 @@ class Job:
     @property
     def log_path(self) -> Path:
         return self.run_dir.parent / f"{self.seed}-sweep.log"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.log_path.with_suffix(".lock")  # the Ray backend's too (run_command)
 
     def command(self, common: list[str], threads: int = 1) -> list[str]:
         return [sys.executable, "-m", f"algos.{self.algo}", "--dataset", self.dataset, "--seed", str(self.seed),
@@ -123,12 +139,29 @@ def set_aside_unstarted(run_dir: Path) -> Path | None:
     return aside
 
 
-def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen:
+def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None:
+    """Start the run's process, which inherits the run's lock and holds it until it exits; None when another
+    process holds that lock (a run an earlier sweep started and that outlived it)."""
     job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-    set_aside_unstarted(job.run_dir)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    with open(job.log_path, "a") as log:  # the child keeps its own handle
-        return subprocess.Popen(job.command(common, threads), stdout=log, stderr=subprocess.STDOUT, env=env)
+    with open(job.lock_path, "a") as lock:
+        if not try_lock(lock):
+            return None
+        set_aside_unstarted(job.run_dir)  # under the lock: no live process is writing this folder
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        with open(job.log_path, "a") as log:  # the child keeps its own handles
+            return subprocess.Popen(job.command(common, threads), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    pass_fds=(lock.fileno(),) if fcntl is not None else ())
+
+
+def try_lock(lock) -> bool:
+    """Take an exclusive flock on an open file without waiting (always True where there is no fcntl)."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def unfinished(jobs: list[Job]) -> list[Job]:
@@ -142,12 +175,29 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
     pending = unfinished(jobs)
     running: list[Running] = []
     failed = []
-    while pending or running:
-        while pending and len(running) < parallel:
-            job = pending.pop(0)
-            running.append(Running(job, launch(job, common, threads), time.time(), threads))
-            print(f"start {job.label} {job.dataset} seed {job.seed}", flush=True)
-        if spread_threads and not pending and running:
+    held: list[Job] = []  # runs whose lock another process holds: tried again every pass
+    waiting: list[Job] = []  # those reported as waiting (once each)
+    while pending or running or held:
+        pending += held
+        held = []
+        for job in list(pending):
+            if len(running) >= parallel:
+                break
+            pending.remove(job)
+            if job.done():  # finished by a process of an earlier sweep meanwhile
+                print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                continue
+            proc = launch(job, common, threads)
+            if proc is None:
+                if job not in waiting:
+                    waiting.append(job)
+                    print(f"waiting: {job.label} {job.dataset} seed {job.seed} is running in another process "
+                          f"(lock {job.lock_path})", flush=True)
+                held.append(job)
+                continue
+            running.append(Running(job, proc, time.time(), threads))
+            print(f"start {job.label} {job.dataset} seed {job.seed} (pid {proc.pid})", flush=True)
+        if spread_threads and not pending and not held and running:
             for entry, share in zip(running, thread_shares(parallel * threads, len(running))):
                 # only a run with a checkpoint: one stopped before its first would resume in a new folder
                 if share > entry.threads and entry.respawn_threads is None and entry.job.has_checkpoint():
@@ -159,9 +209,14 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
             if proc.poll() is None:
                 continue
             if entry.respawn_threads is not None and not job.done():
-                entry.proc, entry.threads = launch(job, common, entry.respawn_threads), entry.respawn_threads
-                entry.respawn_threads = None
-                print(f"resume {job.label} {job.dataset} seed {job.seed} with {entry.threads} threads", flush=True)
+                proc = launch(job, common, entry.respawn_threads)
+                if proc is not None:
+                    entry.proc, entry.threads = proc, entry.respawn_threads
+                    entry.respawn_threads = None
+                    print(f"resume {job.label} {job.dataset} seed {job.seed} with {entry.threads} threads", flush=True)
+                    continue
+                running.remove(entry)  # another process took the run between its exit and now: wait for it
+                held.append(job)
                 continue
             running.remove(entry)
             # a run told to stop may have been past its last step already, finishing as the signal came

@@ -12,7 +12,7 @@ import pytest
 from benchmarks import stats, sweep, table
 from offrl.optim import cosine_decay
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, ROOT, run_cli
 
 
 def importable(name: str) -> bool:
@@ -147,6 +147,48 @@ def sweeps(tiny, tmp_path_factory):
         ray.shutdown()
     out["ray_seconds"] = time.time() - start
     return out
+
+
+def test_a_run_that_outlived_its_sweep_is_never_run_twice(tiny, tmp_path):
+    """The sweep alone is killed while its run goes on (its process holds the run's lock): a new sweep
+    waits for that process instead of starting a second one in the same folder, then counts the run
+    as finished by it."""
+    import fcntl
+    import os
+    import signal
+    import subprocess
+
+    args = [PYTHON, "-m", "benchmarks.sweep", "--name", "lock", "--out-dir", str(tmp_path), "--variant",
+            "bc=bc --hidden 16", "--datasets", tiny, "--seeds", "0", "--steps", "200", "--jobs", "1",
+            "--common", "--eval.every 0 --eval.episodes 2 --run.checkpoint-every 100"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    line = ""
+    while not line.startswith("start bc"):
+        line = first.stdout.readline()
+        assert line or first.poll() is None, "the first sweep ended without starting its run"
+    orphan = int(line.rsplit("(pid ", 1)[1].rstrip(")\n"))
+    os.kill(orphan, signal.SIGSTOP)  # held mid-run until the second sweep has had its look
+    try:
+        first.kill()
+        first.wait()
+        job = sweep.Job("bc", "bc", [], tiny, 0, 200, tmp_path / "lock")
+        with open(job.lock_path, "a") as lock, pytest.raises(BlockingIOError):
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the run's process inherited the lock
+        log = tmp_path / "second.log"
+        with open(log, "w") as out:
+            second = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        deadline = time.time() + 120
+        while "waiting: bc" not in log.read_text():
+            assert second.poll() is None and time.time() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        os.kill(orphan, signal.SIGCONT)
+    assert second.wait(timeout=300) == 0, log.read_text()
+    text = log.read_text()
+    assert "start bc" not in text and f"done bc {tiny} seed 0 (by another process)" in text, text
+    assert final_of(job.run_dir)["steps"] == 200 and final_of(job.run_dir)["resumes"] == 0
+    assert sorted(p.name for p in job.run_dir.parent.iterdir()) == ["0-sweep", "0-sweep.lock", "0-sweep.log"]
 
 
 def test_local_sweep_runs_and_skips_finished_runs(sweeps):
