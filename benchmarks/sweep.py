@@ -47,13 +47,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from offrl.checkpoint import has_checkpoint
+from offrl.checkpoint import has_checkpoint, try_lock
 from offrl.data.sources import sanitize
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no locks
-    fcntl = None
 
 
 @dataclass
@@ -150,18 +145,7 @@ def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         with open(job.log_path, "a") as log:  # the child keeps its own handles
             return subprocess.Popen(job.command(common, threads), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    pass_fds=(lock.fileno(),) if fcntl is not None else ())
-
-
-def try_lock(lock) -> bool:
-    """Take an exclusive flock on an open file without waiting (always True where there is no fcntl)."""
-    if fcntl is None:
-        return True
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
+                                    pass_fds=(lock.fileno(),) if os.name == "posix" else ())
 
 
 def unfinished(jobs: list[Job]) -> list[Job]:

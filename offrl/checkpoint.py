@@ -26,6 +26,11 @@ import torch
 
 from offrl.errors import CheckpointError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no file locks
+    fcntl = None
+
 FORMAT = "offrl-checkpoint-v2"
 # errors that mean the disk (or a quota or file-size limit) has no room for the file
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -45,6 +50,33 @@ def previous_path(path: str | os.PathLike) -> Path:
 def has_checkpoint(run_dir: str | os.PathLike) -> bool:
     last = run_checkpoint(run_dir)
     return last.exists() or previous_path(last).exists()
+
+
+def try_lock(file) -> bool:
+    """Take an exclusive flock on an open file without waiting: False when another process holds it
+    (always True where there is no fcntl). The lock lasts while any process has the file open, so a child
+    given the descriptor (subprocess `pass_fds`) holds it until it exits."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: str | os.PathLike, waiting: str | None = None):
+    """Hold an exclusive lock on the file `lock_path` for the block; when another process holds it, print
+    `waiting` to stderr once and wait until it lets go (at the latest when that process exits)."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        if not try_lock(lock):
+            if waiting:
+                print(waiting, file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _encode(state: dict[str, Any]) -> dict[str, Any]:

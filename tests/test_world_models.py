@@ -17,7 +17,7 @@ from world_models.ensemble import (
     transitions_to_training,
 )
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, ROOT, run_cli
 
 SMALL = dict(members=4, elites=2, hidden=(32, 32), weight_decay=(0.0, 0.0, 0.0), batch_size=64)
 
@@ -205,6 +205,38 @@ def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_p
     assert path.exists() and not (folder / "training.pt").exists()
     for name, value in straight.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+
+def test_a_model_being_trained_by_another_process_is_waited_for_and_reused(tiny, tmp_path):
+    """While one process trains a cache entry (here: this test, holding the entry's lock), a second asking
+    for the same model waits instead of training it too, then reuses the model the first one saved."""
+    import os
+    import subprocess
+    import time
+
+    from offrl import checkpoint as ckpt
+    from offrl.data import load_dataset
+    from world_models import train
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16, 16), weight_decay=(0.0, 0.0, 0.0), max_epochs=2)
+    folder = tmp_path / train.cache_key(dataset.metadata["checksum"], cfg, 0)
+    err = tmp_path / "second.err"
+    with ckpt.exclusive(folder / "lock"):
+        with open(err, "w") as out:
+            second = subprocess.Popen([PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir",
+                                       str(tmp_path)], stdout=subprocess.PIPE, stderr=out, text=True, cwd=ROOT,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+        deadline = time.time() + 120
+        while "waiting for another process training" not in err.read_text():
+            assert second.poll() is None and time.time() < deadline, err.read_text()
+            time.sleep(0.2)
+        _, path = train._load_or_train(dataset, cfg, 0, torch.device("cpu"), folder, dataset.metadata["checksum"],
+                                       retrain=False, progress=False)
+    stdout, _ = second.communicate(timeout=120)
+    assert second.returncode == 0, err.read_text()
+    assert "reusing" in err.read_text() and "epoch 1" not in err.read_text()
+    assert stdout.splitlines()[-1].endswith(str(path))  # the model this test trained
 
 
 def test_a_model_of_other_dims_or_a_corrupt_file_is_refused(tmp_path):

@@ -8,8 +8,9 @@ A trained model is cached under `<cache>/<dataset checksum>-<config hash>/model.
 covers the ensemble config and the seed, so every algorithm run on the same data and config reuses
 it (`world_models.train.load_or_train`); `--model-path` names a model file explicitly. Training
 writes its full state after every epoch (`training.pt` beside it), so a killed training continues
-from its last epoch when started again. Files are written atomically and read with
-`torch.load(weights_only=True)`.
+from its last epoch when started again. Processes that ask for the same model at once (the seeds of a
+MOPO sweep) do not all train it: one does, holding `lock` in the model's folder, and the others wait for
+it and reuse its model. Files are written atomically and read with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
     checksum = dataset.metadata.get("checksum") or dataset.checksum()
     folder = Path(cache_dir or default_cache()) / cache_key(checksum, cfg, seed)
+    # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
+    # wait for it and reuse its model instead of training the same one again.
+    with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}"):
+        return _load_or_train(dataset, cfg, seed, device, folder, checksum, retrain, progress)
+
+
+def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: torch.device, folder: Path,
+                   checksum: str, retrain: bool, progress: bool) -> tuple[DynamicsEnsemble, Path]:
     path, training = folder / "model.pt", folder / "training.pt"
     if path.exists() and not retrain:
         if progress:
