@@ -35,10 +35,14 @@
 # benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), about 10 times per run.
 # Model-based checkpoints hold the model buffer (up to 50k x 5 x 5 rows): about 20 GB for all their run folders.
 #
-# Precision: fp32. This CPU has AVX-512 but no native bfloat16 (no AVX512-BF16 or AMX), where bf16 matmuls are
-# emulated and far slower. On a CPU that has it, BF16="cql dt" runs CQL and DT (2.8x and 2.3x faster updates
-# there, results/speed-bf16.md) under --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run
-# folders (a run cannot change precision when resumed); the table's precision column says which.
+# Precision: fp32. The Xeon these budgets were sized on has AVX-512 but no native bfloat16 (no AVX512-BF16 or
+# AMX), where bf16 matmuls are emulated and far slower. On a CPU that has it, BF16="cql dt" runs CQL and DT
+# (2.8x and 2.3x faster updates on an AMD EPYC with AVX512-BF16, results/speed-bf16.md) under
+# --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run folders (a run cannot change
+# precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
+# On that AMD EPYC the fast algorithms' updates are slower than on the Xeon at one thread (IQL 12 against
+# 7.4 ms, results/speed.md part "updates-epyc"; a 100k-step BC run took 4.5 min), so the grid takes about
+# 1.5x the hours below there.
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics, 3.7 s a
 # step measured here beside two other runs) and ~0.2 s per online env step (benchmarks/wsrl.sh), over 50 h for even 10k + 10k steps on 27
