@@ -40,9 +40,9 @@
 # (2.8x and 2.3x faster updates on an AMD EPYC with AVX512-BF16, results/speed-bf16.md) under
 # --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run folders (a run cannot change
 # precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
-# On that AMD EPYC the fast algorithms' updates are slower than on the Xeon at one thread (IQL 12 against
-# 7.4 ms, results/speed.md part "updates-epyc"; a 100k-step BC run took 4.5 min), so the grid takes about
-# 1.5x the hours below there.
+# On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
+# 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
+# BC run took 4.5 min), so the fast class takes 1.5-2x its hours below there.
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics, 3.7 s a
 # step measured here beside two other runs) and ~0.2 s per online env step (benchmarks/wsrl.sh), over 50 h for even 10k + 10k steps on 27
