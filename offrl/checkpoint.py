@@ -79,6 +79,25 @@ def exclusive(lock_path: str | os.PathLike, waiting: str | None = None):
         yield
 
 
+def claim_run_folder(run_dir: str | os.PathLike):
+    """Claim a run folder for this process: a POSIX record lock (lockf) on `<run_dir>/.lock`, held while the
+    returned file is open and at the latest until the process exits. Another process holding it (a run still
+    going there, e.g. the same `--resume latest` started twice) is a CheckpointError, raised before anything
+    in the folder is read or changed. A record lock belongs to its process, so a process may claim a folder
+    it holds again (a run resumed in the process that ran it)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(run_dir / ".lock", "a")
+    if fcntl is not None:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise CheckpointError(f"run folder {run_dir} is in use by another process (a run still going there): "
+                                  "wait for it to end or stop it first") from None
+    return lock
+
+
 def _encode(state: dict[str, Any]) -> dict[str, Any]:
     buffer = io.BytesIO()
     torch.save(state, buffer)

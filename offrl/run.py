@@ -92,6 +92,7 @@ class Run:
         else:
             name = cfg.log.name or f"{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
             self.dir = self._unique(Path(cfg.run.out_dir) / algo / self.dataset_name / name)
+        self._folder_claim = ckpt.claim_run_folder(self.dir)  # before the folder is read or changed
         self.checkpoint_path = ckpt.run_checkpoint(self.dir)
         self.start_step = 0
         self.best_score: float | None = None
@@ -358,6 +359,7 @@ class Run:
         (self.dir / "final.json").write_text(json.dumps(final, indent=2))
         self.logger.close()
         self._restore_signals()
+        self._folder_claim.close()
         score = self.last_eval.get("eval/normalized_score")
         if score is not None:
             print(f"final normalized score: {score:.1f} ± {self.last_eval['eval/normalized_score_std']:.1f} "

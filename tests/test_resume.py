@@ -76,6 +76,33 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     assert "eval/normalized_score" in final and "train/critic_loss" in final
 
 
+def test_a_run_still_going_cannot_be_resumed_by_a_second_process(tiny, tmp_path):
+    """`--resume latest` while the run it finds is still going (here: stopped with SIGSTOP) is refused in one
+    line before the folder is touched; once that process is gone, the same command resumes the run."""
+    args = [*COMMON[2:], "--run.out-dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *args, "--steps", "100000"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob("td3_bc/*/*/checkpoints/last.pt")):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGSTOP)
+        run_dir = only_run(tmp_path)
+        before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        short = ["--steps", str(saved_step(run_dir / "checkpoints" / "last.pt") + 20)]  # quick, were it let in
+        refused = run_cli(PYTHON, "-m", "algos.td3_bc", *args, *short, "--resume", "latest", check=False)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"run folder {run_dir} is in use by another process" in refused.stderr
+        assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    finally:
+        proc.kill()
+        proc.wait()
+    resumed = run_cli(PYTHON, "-m", "algos.td3_bc", *args, *short, "--resume", "latest")
+    assert f"resumed {run_dir}" in resumed.stderr and (run_dir / "final.json").exists()
+
+
 def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     args = ["--steps", "50", "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled",
             "--hidden", "32", "--run.out-dir", str(tmp_path)]
