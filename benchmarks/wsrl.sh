@@ -5,15 +5,15 @@
 # (ratio 0.5), no warm-up, and SAC from scratch. Learning curves (PNG) and a table into results/.
 # The paper runs 250k offline and 500k online steps. On a 2-core AVX-512 Xeon at one thread (a 1-thread job on the
 # other core), a pre-training step (10 LayerNorm critics, CQL's 31 x 256 rows each) took ~1.08 s, 0.89 s with
-# --run.compile, and an online update (batch 1024, UTD 4) ~163 ms, ~140 ms with --run.compile. On a 2-core AMD
-# EPYC with AVX512-BF16 (one thread, the other core idle): a pre-training step 665 ms, 417 ms under
-# --run.precision bf16, ~300 ms with bf16 and --run.compile (140 s to compile; beside a 1-thread job); an online
-# update 153 ms, 104 ms in bf16 (COMMON="--run.precision bf16 --run.compile" there). Time yours with
-# `python -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP)
-# are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY
-# (online evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked
-# for) shape the claims table. DATASET and RESULTS (a path without suffix) move it to other data. Resumable:
-# rerun after an interruption.
+# --run.compile, and an online update (batch 1024, UTD 4) ~163 ms, ~140 ms with --run.compile. On a 2-core AMD EPYC
+# with AVX512-BF16 (one thread, the other core idle): a pre-training step 665 ms, 417 ms under --run.precision bf16,
+# ~300 ms with bf16 and --run.compile (140 s to compile and take the first 3 steps; beside a 1-thread job); an
+# online update 153 ms, 104 ms in bf16 (COMMON="--run.precision bf16 --run.compile" there). Time yours with `python
+# -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
+# fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
+# evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
+# the claims table. DATASET and RESULTS (a path without suffix) move it to other data. Resumable: rerun after an
+# interruption.
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
