@@ -12,7 +12,9 @@
 # -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
 # fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
-# the claims table. DATASET and RESULTS (a path without suffix) move it to other data. Resumable: rerun after an
+# the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
+# path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
+# same whichever subset they were started in, so a later call with all seeds skips them. Resumable: rerun after an
 # interruption.
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
@@ -24,15 +26,17 @@ online_steps=${ONLINE_STEPS:-50000}
 warmup=${WARMUP:-5000}
 eval_every=${EVAL_EVERY:-2500}
 dip_window=${DIP_WINDOW:-5000}
+pre_eval_every=${PRE_EVAL_EVERY:-5000}
+read -r -a seeds <<< "${SEEDS:-0 1 2}"
 common=${COMMON:-}
 ds=${DATASET:-offrl/hopper/medium-v0}
 results=${RESULTS:-results/wsrl-hopper-medium}
 python -m offrl.cli datasets make "$ds"
-pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps "$pre_steps"
-     --jobs "$jobs" --spread-threads --common "--eval.every 5000 --eval.episodes 10 --run.checkpoint-every 500 $common"
+pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}"
+     --steps "$pre_steps" --jobs "$jobs" --spread-threads --common "--eval.every $pre_eval_every --eval.episodes 10 --run.checkpoint-every 500 $common"
      --variant "cql=cql --hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup")
 checkpoint="$out/wsrl-pre/cql/cql/$(echo "$ds" | tr '/' '-')/{seed}-sweep"
-online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --datasets "$ds" --seeds 0 1 2 --steps "$online_steps"
+online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}" --steps "$online_steps"
         --jobs "$jobs" --spread-threads
         --common "--eval.every $eval_every --eval.episodes 10 --run.checkpoint-every 1000 $common"
         --variant "wsrl=wsrl --checkpoint $checkpoint --warmup-steps $warmup"
@@ -42,7 +46,7 @@ online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --dataset
 "${pre[@]}"
 "${online[@]}"
 python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
-  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, 3 seeds" \
+  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, ${#seeds[@]} seeds" \
   --markdown "$results-claims.md" --dip-window "$dip_window" \
   --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"
 python -m benchmarks.table "$out/wsrl-online" --out "$results.md" \
