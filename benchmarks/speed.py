@@ -210,8 +210,11 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         with autocast(device, precision):
             return update()
 
+    start = time.perf_counter()
     for _ in range(warmup):
         step()
+    sync(device)
+    warmup_s = time.perf_counter() - start  # with --run.compile, mostly compiling
     # Count FLOPs over an even number of updates: some algorithms update the actor every 2nd step.
     try:
         with FlopCounterMode(display=False) as counter:
@@ -225,7 +228,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     block_ms = time_blocks(step, device, blocks, per_block)
     median_ms = statistics.median(block_ms)
     return {"algo": algo, "batch_size": cfg.batch_size, "median_ms": median_ms,
-            "min_ms": min(block_ms), "max_ms": max(block_ms), "gflop_per_update": flops / 1e9,
+            "min_ms": min(block_ms), "max_ms": max(block_ms), "warmup_s": warmup_s, "gflop_per_update": flops / 1e9,
             "update_gflops": flops / 1e9 / (median_ms / 1000)}
 
 

@@ -70,6 +70,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,7 +112,9 @@ class UsageError(SystemExit):
 
 # ------------------------------------------------------------------------------------------ CPU of others
 def read_proc_cpu() -> dict:
-    """Snapshot of /proc: per process (ppid, utime + stime ticks) and the system's busy ticks."""
+    """Snapshot of /proc: per process (ppid, CPU ticks) and the system's busy ticks. A process's ticks include its
+    waited-for children's (cutime + cstime), so work that a measured process hands to short-lived children (the
+    C++ compiler that --run.compile runs) counts as its own, not as another process's."""
     procs = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -119,7 +122,7 @@ def read_proc_cpu() -> dict:
         try:
             raw = Path(f"/proc/{name}/stat").read_bytes().decode("utf-8", "replace")
             fields = raw[raw.rfind(")") + 2:].split()
-            procs[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+            procs[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
         except (OSError, IndexError, ValueError):
             continue
     busy = 0
@@ -255,6 +258,8 @@ def summarize(measurements: list[dict]) -> list[dict]:
             row["other_cores"].append(m["other_cores"])
         if m.get("params"):
             row["params"][m["side"]] = m["params"]
+        if m["side"] == "offrl" and m.get("warmup_s") is not None:
+            row.setdefault("offrl_warmup_s", {})[m["round"]] = m["warmup_s"]
         if m["side"] == "corl" and m.get("corl_step_median_ms") is not None:
             row.setdefault("corl_step_median", {})[m["round"]] = m["corl_step_median_ms"]
     rows = []
@@ -272,6 +277,8 @@ def summarize(measurements: list[dict]) -> list[dict]:
             "round_ratios": [row["offrl"][r] / row["corl"][r] for r in rounds],
             "corl_step_median_ms": (statistics.median(row["corl_step_median"][r] for r in rounds)
                                     if set(rounds) <= set(row.get("corl_step_median", {})) else None),
+            "offrl_warmup_s": (statistics.median(row["offrl_warmup_s"][r] for r in rounds)
+                               if set(rounds) <= set(row.get("offrl_warmup_s", {})) else None),
             "goal": GOALS.get(algo), "max_other_cores": max(row["other_cores"], default=None),
             "params": row["params"],
         })
@@ -301,10 +308,14 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
              "mean time per step; CORL's step is one iteration of its loop (`replay_buffer.sample`, `.to(device)`, "
              "`trainer.train(batch)`, a disabled `wandb.log`), offrl's one sample and update as its `train` loop runs "
              "them. "
-             "Goal (issue #20): IQL, TD3+BC and CQL ≤ 0.8, BC ≤ 1.0.", "",
+             "Goal (issue #20): IQL, TD3+BC and CQL ≤ 0.8, BC ≤ 1.0."
+             + (" *offrl warm-up s*: the wall time of offrl's warm-up steps, which with `--run.compile` is mostly "
+                "compiling (median over rounds; compiled in the measuring process, one compile thread, from an empty "
+                "inductor cache, as a first run compiles); the compiled step is timed after it." if compiled else ""),
+             "",
              "| algorithm | threads | CORL ms/update | offrl ms/update | **offrl / CORL** | goal | ratio per round "
-             "| CORL per round | offrl per round | CORL per-step median |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| CORL per round | offrl per round | CORL per-step median |" + (" offrl warm-up s |" if compiled else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if compiled else "")]
     for r in rows:
         goal = r["goal"]
         met = "" if goal is None else f"≤ {goal:.2f} {'✓' if r['ratio'] <= goal else '✗'}"
@@ -312,7 +323,8 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
             f"| {NAMES.get(r['algo'], r['algo'])} | {r['threads']} | {_ms(r['corl_ms'])} | {_ms(r['offrl_ms'])} | "
             f"**{r['ratio']:.3f}** | {met} | {', '.join(f'{x:.3f}' for x in r['round_ratios'])} | "
             f"{', '.join(_ms(x) for x in r['corl_round_ms'])} | {', '.join(_ms(x) for x in r['offrl_round_ms'])} | "
-            f"{_ms(r['corl_step_median_ms']) if r['corl_step_median_ms'] is not None else '-'} |")
+            f"{_ms(r['corl_step_median_ms']) if r['corl_step_median_ms'] is not None else '-'} |"
+            + (f" {r['offrl_warmup_s']:.1f} |" if r.get("offrl_warmup_s") is not None else " - |" if compiled else ""))
     lines += ["", "Sizes (CORL's hopper-medium-v2 configs; offrl's side set to them where its defaults differ). "
               "Trained parameters = the parameters in each side's optimizers.", "",
               "| algorithm | batch | networks | offrl options set to CORL's | trained parameters CORL / offrl |",
@@ -625,6 +637,11 @@ def offrl_worker(args) -> dict:
     """One offrl measurement in this process: benchmarks.speed.time_algorithm at CORL's sizes on the .npz."""
     import importlib
 
+    if args.compile:
+        # Compile in this process (no worker pool, whose CPU would count as other processes' and flag the row)
+        # and from an empty cache, so the warm-up time is a first run's compile time.
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="offrl-inductor-")
     import numpy
     import torch
 
@@ -643,9 +660,12 @@ def offrl_worker(args) -> dict:
     before, start = snapshot(), time.perf_counter()
     result = time_algorithm(args.algo, device, args.warmup, args.steps // args.block, args.block, cfg=cfg, data=data)
     seconds, after = time.perf_counter() - start, snapshot()
+    if args.compile:
+        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     return {"side": "offrl", "algo": args.algo, "threads": args.threads, "torch_threads": torch.get_num_threads(),
             "ms": result["median_ms"], "min_ms": result["min_ms"], "max_ms": result["max_ms"],
             "batch_size": result["batch_size"], "params": params, "compile": args.compile, "step": step,
+            "warmup_s": result["warmup_s"],
             "overrides": OFFRL_OVERRIDES.get(args.algo, {}), "other_cores": other_cores(before, after, seconds),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}}
 

@@ -102,7 +102,9 @@ class RunConfig:
     degrades gracefully. Use all cores by running seeds in parallel (`python -m benchmarks.sweep --jobs N`),
     or give a lone run `--run.threads N`."""
     compile: bool = False
-    """Wrap the loss computation in torch.compile (about 10 s to compile)."""
+    """Wrap the loss computation in torch.compile (10-30 s to compile). Pays on a GPU inside the CUDA graph and
+    for LayerNorm-heavy critics (WSRL, CQL-10); on a CPU the small MLP updates (IQL, TD3+BC) were no faster
+    compiled (results/speed-vs-corl.md)."""
     cuda_graph: bool = True
     """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
     IQL) as a CUDA graph after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of

@@ -65,6 +65,44 @@ def test_markdown_states_ratio_goal_commit_command_and_hardware():
     assert "BC 1 thread(s) 0.20" in text and "disturbed" in text  # other processes' CPU above 0.15 is flagged
 
 
+def test_a_compiled_table_states_offrls_warm_up_time():
+    """With --compile, offrl's warm-up (mostly compiling) is a column: the median over rounds of its warmup_s."""
+    measurements = hand_made()
+    for m in measurements:
+        if m["side"] == "offrl":
+            m["warmup_s"] = {1: 30.0, 2: 50.0, 3: 40.0}[m["round"]] + (5.0 if m["algo"] == "bc" else 0.0)
+    rows = svc.summarize(measurements)
+    assert [r["offrl_warmup_s"] for r in rows] == [40.0, 45.0, 30.0]  # iql 1, bc 1, iql 2 (one round)
+    meta = {"command": "c", "date": "d", "corl_commit": "x", "cpu": "Some CPU", "cores": 2, "rounds": 3, "warmup": 60,
+            "steps": 260, "block": 20, "data": "n", "corl_versions": "v", "offrl_versions": "v", "compile": True}
+    lines = svc.render_markdown(meta, rows).splitlines()
+    header = next(line for line in lines if line.startswith("| algorithm | threads |"))
+    assert header.endswith("| offrl warm-up s |")
+    assert next(line for line in lines if line.startswith("| IQL | 1 |")).endswith("| 24.00 | 40.0 |")
+    assert next(line for line in lines if line.startswith("| BC | 1 |")).endswith("| 45.0 |")
+    plain = svc.render_markdown({**meta, "compile": False}, rows)
+    assert "offrl warm-up s" not in plain  # the eager tables keep their columns
+
+
+def test_a_waited_for_childs_cpu_counts_as_the_measuring_processs_own():
+    """--run.compile runs the C++ compiler in short-lived children: their CPU must not count as other processes'
+    (it flagged every compiled row as disturbed). A child burning ~0.4 s of CPU, waited for, shows in this
+    process's ticks, so other_cores leaves it out."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    before = svc.read_proc_cpu()
+    start = time.process_time()
+    child = subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                            "while time.process_time() - t < 0.4: pass"], check=True)
+    after = svc.read_proc_cpu()
+    assert child.returncode == 0 and time.process_time() - start < 0.2  # this process itself only waited
+    mine = after["procs"][os.getpid()][1] - before["procs"][os.getpid()][1]
+    assert mine >= 0.3 * os.sysconf("SC_CLK_TCK")
+
+
 def test_block_median_is_the_median_of_block_means_in_ms():
     steps = [0.001, 0.003] * 4 + [0.010, 0.010]  # blocks of 2: 2, 2, 2, 2, 10 ms
     assert svc.block_median_ms(steps, 2) == pytest.approx(2.0)
