@@ -14,8 +14,8 @@
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
 # path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
-# same whichever subset they were started in, so a later call with all seeds skips them. Resumable: rerun after an
-# interruption.
+# same whichever subset they were started in, so a later call with all seeds skips them. DRY_RUN=1 prints the
+# commands instead of running them. Resumable: rerun after an interruption.
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -31,7 +31,11 @@ read -r -a seeds <<< "${SEEDS:-0 1 2}"
 common=${COMMON:-}
 ds=${DATASET:-offrl/hopper/medium-v0}
 results=${RESULTS:-results/wsrl-hopper-medium}
-python -m offrl.cli datasets make "$ds"
+dry=${DRY_RUN:-0}
+run() {  # run a command, or with DRY_RUN=1 print it
+  if [ "$dry" = 1 ]; then echo "$(quoted "$@")"; else "$@"; fi
+}
+run python -m offrl.cli datasets make "$ds"
 pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}"
      --steps "$pre_steps" --jobs "$jobs" --spread-threads --common "--eval.every $pre_eval_every --eval.episodes 10 --run.checkpoint-every 500 $common"
      --variant "cql=cql --hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup")
@@ -43,12 +47,12 @@ online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --dataset
         --variant "retain-0.5=wsrl --checkpoint $checkpoint --warmup-steps $warmup --offline-ratio 0.5"
         --variant "no-warmup=wsrl --checkpoint $checkpoint --warmup-steps 0"
         --variant "scratch=wsrl --checkpoint none --warmup-steps $warmup")
-"${pre[@]}"
-"${online[@]}"
-python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
-  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, ${#seeds[@]} seeds" \
+run "${pre[@]}"
+run "${online[@]}"
+run python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
+  --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, ${#seeds[@]} seed$([ ${#seeds[@]} = 1 ] || echo s)" \
   --markdown "$results-claims.md" --dip-window "$dip_window" \
   --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"
-python -m benchmarks.table "$out/wsrl-online" --out "$results.md" \
+run python -m benchmarks.table "$out/wsrl-online" --out "$results.md" \
   --title "Online fine-tuning on $ds after $pre_steps CQL steps: $online_steps env steps, warm-up $warmup" \
   --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"

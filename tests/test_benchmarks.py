@@ -453,3 +453,56 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql", "cql-bf16=cql --run.precision bf16"]
     assert not any("world_models.train" in line for line in part)
     assert all(line[line.index("--datasets") + 1:line.index("--seeds")] == ["offrl/hopper/medium-v0"] for line in sweeps)
+
+
+def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the_algorithms_accept(tmp_path):
+    """benchmarks/wsrl.sh with DRY_RUN=1 runs nothing: a CQL pre-training sweep, then the four online variants
+    from each seed's pre-trained run, every run's options parsing for its algorithm; SEEDS runs a subset with
+    the same per-seed commands, PRE_EVAL_EVERY sets only the pre-training's evaluation period."""
+    import os
+    import shlex
+    import subprocess
+
+    import tyro
+
+    from benchmarks import speed, sweep
+
+    def dry(**env):
+        text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "wsrl.sh"), str(tmp_path / "runs")], check=True,
+                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env}).stdout
+        return [shlex.split(line) for line in text.splitlines()]
+
+    def sweeps(lines):
+        return {line[line.index("--name") + 1]: line for line in lines if line[:3] == ["python", "-m", "benchmarks.sweep"]}
+
+    def option(line, name):
+        return line[line.index(name) + 1]
+
+    lines = dry()
+    assert not (tmp_path / "runs").exists()  # nothing ran
+    pre, online = sweeps(lines)["wsrl-pre"], sweeps(lines)["wsrl-online"]
+    assert [line[:3] for line in lines] == [["python", "-m", "offrl.cli"], pre[:3], online[:3],
+                                            ["python", "-m", "benchmarks.wsrl_plot"], ["python", "-m", "benchmarks.table"]]
+    labels = {}
+    for line in (pre, online):
+        assert line[line.index("--seeds") + 1:line.index("--steps")] == ["0", "1", "2"]
+        common = shlex.split(option(line, "--common"))
+        for label, algo, extra in (sweep.parse_variant(line[i + 1]) for i, x in enumerate(line) if x == "--variant"):
+            extra = [x.replace("{seed}", "0") for x in extra]
+            module = __import__(f"algos.{algo}", fromlist=["Config"])
+            labels[label] = tyro.cli(module.Config, args=["--dataset", "offrl/hopper/medium-v0", *common, *extra])
+    assert sorted(labels) == ["cql", "no-warmup", "retain-0.5", "scratch", "wsrl"]
+    assert labels["cql"].num_critics == 10 and labels["cql"].eval.every == 5000
+    pre_run = str(tmp_path / "runs" / "wsrl-pre" / "cql" / "cql" / "offrl-hopper-medium-v0" / "0-sweep")
+    assert [str(labels[k].checkpoint) for k in ("wsrl", "retain-0.5", "no-warmup")] == [pre_run] * 3
+    assert (labels["wsrl"].warmup_steps, labels["no-warmup"].warmup_steps, labels["retain-0.5"].offline_ratio) == (5000, 0, 0.5)
+    # the plot and the table caption the commands they were made by
+    assert all(option(line, "--command").startswith(shlex.join(pre[:5])) for line in lines[3:])
+
+    part = dry(SEEDS="1", PRE_EVAL_EVERY="1000", COMMON="--run.precision bf16", EVAL_EVERY="500", JOBS="1")
+    pre1, online1 = sweeps(part)["wsrl-pre"], sweeps(part)["wsrl-online"]
+    assert pre1[pre1.index("--seeds") + 1:pre1.index("--steps")] == ["1"] and option(online1, "--seeds") == "1"
+    assert shlex.split(option(pre1, "--common"))[:2] == ["--eval.every", "1000"]
+    assert shlex.split(option(online1, "--common"))[:2] == ["--eval.every", "500"]
+    assert all(shlex.split(option(line, "--common"))[-2:] == ["--run.precision", "bf16"] for line in (pre1, online1))
+    assert option(part[3], "--title").endswith(", 1 seed")
