@@ -37,6 +37,8 @@ from offrl.online import EnvLoop
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 
+STEP_UNIT = "env steps"  # --steps counts env steps (what benchmarks.table and benchmarks.plots say)
+
 
 @dataclass
 class Config(RunConfigBase):

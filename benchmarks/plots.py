@@ -5,7 +5,8 @@
 
 Written into --out-dir:
 - curves-<dataset>.png: per dataset, one line per variant: the mean over seeds of training's evaluations
-  (metrics.jsonl) against gradient steps, with a bootstrap 95% CI band of that mean (seeds resampled);
+  (metrics.jsonl) against the runs' steps (gradient steps; env steps for online algorithms), with a bootstrap
+  95% CI band of that mean (seeds resampled);
 - aggregates.png: per variant, IQM, mean and optimality gap of the final scores over all its datasets, with
   rliable's stratified-bootstrap 95% CIs (the numbers of the table's aggregate section);
 - profiles.png: performance profiles (rliable's score distributions): the fraction of runs whose final
@@ -61,7 +62,8 @@ def _metric_name(summary: dict) -> str:
 
 
 def learning_curves(summary: dict, out_dir: Path) -> list[tuple[str, Path]]:
-    """One PNG per dataset: mean over seeds and bootstrap CI band per variant, x = gradient steps."""
+    """One PNG per dataset: mean over seeds and bootstrap CI band per variant, x = the runs' steps (gradient
+    steps; env steps for online algorithms: the table's step_unit)."""
     plt = _pyplot()
     colors = _colors(_variants(summary))
     written = []
@@ -79,7 +81,7 @@ def learning_curves(summary: dict, out_dir: Path) -> list[tuple[str, Path]]:
             ax.plot(steps, mean, color=color, marker="o" if len(steps) < 30 else None, markersize=3,
                     label=f"{row['variant']} ({row['n']} seeds)")
             ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
-        ax.set_xlabel("gradient steps")
+        ax.set_xlabel(summary.get("step_unit", "gradient steps"))
         ax.set_ylabel(_metric_name(summary))
         ax.set_title(f"{dataset}: mean over seeds, bootstrap 95% CI", fontsize=10)
         ax.grid(alpha=0.3)

@@ -506,3 +506,14 @@ def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the
     assert shlex.split(option(online1, "--common"))[:2] == ["--eval.every", "500"]
     assert all(shlex.split(option(line, "--common"))[-2:] == ["--run.precision", "bf16"] for line in (pre1, online1))
     assert option(part[3], "--title").endswith(", 1 seed")
+
+
+def test_a_table_says_env_steps_for_online_algorithms():
+    """--steps counts gradient steps offline and env steps online (WSRL, SAC: their STEP_UNIT); the caption and
+    the learning curves' x axis say which."""
+    from benchmarks import table
+
+    assert table.step_unit(["bc", "iql", "bc"]) == "gradient steps"
+    assert table.step_unit(["wsrl", "sac"]) == "env steps"
+    assert table.step_unit(["iql", "wsrl", "sac"]) == "steps (env steps for sac, wsrl; gradient steps for the others)"
+    assert table.step_unit(["no_such_algorithm"]) == "gradient steps"
