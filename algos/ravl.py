@@ -13,21 +13,22 @@ the critics disagree, with EDAC's gradient-diversity term:
 each step in the official order: alpha, then actor, then critics (their target uses the updated actor),
 then the Polyak update. Batches mix 5% dataset rows with model rows.
 
-Defaults (the official `train_ravl_agent.py` and `agent_training/agent.py`, docs/FACTS.md section 12): N = 10
-critics and a tanh-Gaussian actor with 3 hidden layers of 256, EDAC's init (hidden biases 0.1, the
-critics' output layer and the actor's heads uniform in +-3e-3 and +-1e-3), Adam 3e-4 for actor, critics
-and alpha, alpha starting at 1 (log alpha = 0; the config's alpha 0.1 is used only without tuning),
-eta 1, rollout length 5 from 50k states per 1000 steps kept for 5 rounds, batch 256, 3M steps. The paper
-tunes N, eta and h per task; those values are not in the code, so every dataset gets these defaults.
+Defaults (the official `train_ravl_agent.py` and `agent_training/agent.py`, docs/FACTS.md section 12): N =
+10 critics and a tanh-Gaussian actor with 3 hidden layers of 256, EDAC's init (hidden biases 0.1, the
+critics' output layer and the actor's heads uniform in +-3e-3 and +-1e-3, the critics' hidden weights in
++-1/sqrt(out) as `offrl.nets.edac_critic_init` explains), Adam 3e-4 for actor, critics and alpha, alpha
+starting at 1 (log alpha = 0; the config's alpha 0.1 is used only without tuning), eta 1, rollout length 5
+from 50k states per 1000 steps kept for 5 rounds, batch 256, 3M steps. The paper tunes N, eta, h and the
+real-data ratio per task; those values are not in the code, so every dataset gets these defaults.
 
 Deviations: the actor's mean and log-std come from one output layer (two in the official code; the same
-function class and init range). The dynamics model is `world_models.ensemble`, OfflineRL-Kit's training
-of the same MBPO ensemble; the official RAVL code trains it otherwise: a 20% holdout without the cap of
-1000, at least 350 and at most 2000 epochs with the learning rate cut by 0.3 at the first plateau before
-350, separate state and action scalers (state statistics from all next observations, holdout included)
-with inputs clipped to +-10, members reshuffled over the bootstrap samples every epoch, and weights
-initialized from a normal truncated at 2 std. Batches and rollout starts are drawn with replacement
-(the official buffer draws without).
+function class and init range). The dynamics model is `world_models.ensemble`, OfflineRL-Kit's training of
+the same MBPO ensemble; the official RAVL code trains it otherwise: a 20% holdout without the cap of 1000,
+at least 350 and at most 2000 epochs with the learning rate cut by 0.3 at the first plateau before 350,
+separate state and action scalers (statistics over the holdout too; the states' from the first observation
+and all next observations) with inputs clipped to +-10, members reshuffled over the bootstrap samples every
+epoch, and weights initialized from a normal truncated at 2 std. Batches and rollout starts are drawn with
+replacement (the official buffer draws without).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 from offrl.data import Batch, TrainingData, load_for_training
-from offrl.nets import EnsembleCritic, EnsembleLinear, TanhGaussianActor, soft_update
+from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, soft_update
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
@@ -74,16 +75,15 @@ def diversity_loss(critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Ten
 
 
 def edac_init(actor: TanhGaussianActor, critic: EnsembleCritic) -> None:
-    """EDAC's initialization: hidden biases 0.1; the critics' output layer uniform in +-3e-3, the actor's
-    output layer (mean and log-std) in +-1e-3."""
-    critic_layers = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
+    """EDAC's initialization: the critics' (`offrl.nets.edac_critic_init`); the actor's hidden biases 0.1 and
+    its output layer (mean and log-std) uniform in +-1e-3."""
+    edac_critic_init(critic)
     actor_layers = [m for m in actor.modules() if isinstance(m, nn.Linear)]
     with torch.no_grad():
-        for layer in critic_layers[:-1] + actor_layers[:-1]:
+        for layer in actor_layers[:-1]:
             layer.bias.fill_(0.1)
-        for layer, bound in ((critic_layers[-1], 3e-3), (actor_layers[-1], 1e-3)):
-            layer.weight.uniform_(-bound, bound)
-            layer.bias.uniform_(-bound, bound)
+        actor_layers[-1].weight.uniform_(-1e-3, 1e-3)
+        actor_layers[-1].bias.uniform_(-1e-3, 1e-3)
 
 
 class RAVL(SACAgent):

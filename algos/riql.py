@@ -25,8 +25,11 @@ beta 3.0, 2x256 networks, Adam 3e-4 (actor cosine-decayed), batch 256, gamma 0.9
 deterministic actor, no reward normalization, 3M steps evaluated every 10k. Per-dataset sigma,
 quantile and K from the paper's config are in docs/FACTS.md. As in CORL/RIQL, the advantage and the Q
 target use V before its update (official IQL uses it after).
-Deviation: RIQL initializes its critics EDAC-style (hidden biases 0.1, last layer U(+-3e-3)); we do
-too, on the batched ensemble.
+RIQL initializes its critics as EDAC does, and so do we (`offrl.nets.edac_critic_init`: hidden biases 0.1,
+last layer U(+-3e-3), hidden weights U(+-1/sqrt(out)), the first layer's included).
+Deviations: the actor's cosine schedule spans --steps (the reference's spans 3M steps whatever the run's
+length, so a shortened run decays its actor's learning rate fully here and hardly at all there); the
+Gaussian actor (`--actor gaussian`, not the default) has a tanh on its mean, the reference's none.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import awr_weights, ensemble_quantile, expectile_loss, huber_loss
 from offrl.optim import adam, constant, cosine_decay
-from offrl.nets import DeterministicActor, EnsembleCritic, EnsembleLinear, GaussianActor, ValueNetwork, soft_update
+from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, edac_critic_init, soft_update
 from offrl.run import Run, cli_main
 
 
@@ -86,16 +89,6 @@ class Config(TrainConfig):
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_stats_with_next=True))
 
 
-def edac_init(critic: EnsembleCritic) -> None:
-    """EDAC's critic initialization: hidden biases 0.1, last layer weights and bias U(-3e-3, 3e-3)."""
-    layers = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
-    with torch.no_grad():
-        for layer in layers[:-1]:
-            layer.bias.fill_(0.1)
-        layers[-1].weight.uniform_(-3e-3, 3e-3)
-        layers[-1].bias.uniform_(-3e-3, 3e-3)
-
-
 class RIQL(Stateful):
     STATE = ("actor", "value", "critic", "critic_target", "optimizer", "schedule", "normalizer")
 
@@ -104,7 +97,7 @@ class RIQL(Stateful):
         obs_dim, act_dim = data.obs_dim, data.act_dim
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden)
-        edac_init(self.critic)
+        edac_critic_init(self.critic)
         self.critic.to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.value = ValueNetwork(obs_dim, cfg.hidden).to(device)

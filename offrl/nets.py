@@ -218,6 +218,22 @@ class EnsembleMLP(nn.Module):
         return self.net(x, members)
 
 
+def edac_critic_init(critic: nn.Module) -> None:
+    """EDAC's critic initialization, which RIQL and RAVL keep (CORL's EDAC and both official codes): hidden
+    biases 0.1, the output layer's weights and bias uniform in +-3e-3, and every hidden weight uniform in
+    +-1/sqrt(out). The last is a quirk worth keeping: their `kaiming_uniform_(a=sqrt(5))` runs on each member's
+    [in, out] weight slice, whose fan-in torch reads as `out`; for the first layer that is 1/16 where
+    `nn.Linear`'s rule gives 1/sqrt(obs + act), 3-4x wider on the MuJoCo tasks."""
+    layers = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
+    with torch.no_grad():
+        for layer in layers[:-1]:
+            bound = 1.0 / math.sqrt(layer.out_dim)
+            layer.weight.uniform_(-bound, bound)
+            layer.bias.fill_(0.1)
+        layers[-1].weight.uniform_(-3e-3, 3e-3)
+        layers[-1].bias.uniform_(-3e-3, 3e-3)
+
+
 class EnsembleCritic(nn.Module):
     """Q_1..Q_E(s, a) -> [E, B] (or [E, B, out_dim] for out_dim > 1, e.g. HL-Gauss logits);
     E = 2 gives TD3/SAC's twin critics in one batched module.
@@ -333,7 +349,10 @@ class TanhGaussianActor(_ActionScaling):
         std = log_std.exp()
         u = mean if deterministic else mean + std * torch.randn_like(mean)
         log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|.
+        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|. The
+        # reference codes (CORL, OfflineRL-Kit, MOBILE, RAVL) use log(1 - tanh(u)^2 + 1e-6): the same to ~1e-3
+        # per dimension for |u| < 5, but capped at log(1e-6) = -13.8 beyond |u| ~ 7, where its gradient
+        # vanishes; the exact form keeps pulling a saturated action back (a deviation only once actions saturate).
         log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
         log_prob = log_prob - torch.log(self.action_scale).sum()
         return self.to_env(torch.tanh(u)), log_prob

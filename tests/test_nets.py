@@ -239,3 +239,19 @@ def test_dropout_is_identity_in_eval_mode_and_exact_at_p_0_and_1():
     assert torch.equal(Dropout(0.5).eval()(x), x)
     assert torch.equal(Dropout(0.0)(x), x)
     assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
+
+
+def test_edac_critic_init_draws_every_hidden_weight_within_one_over_sqrt_out():
+    """EDAC's init as RIQL's and RAVL's official codes run it: kaiming_uniform_ on an [in, out] slice reads `out`
+    as the fan-in, so the first layer (14 inputs here) is drawn within +-1/16, not nn.Linear's +-1/sqrt(14)."""
+    from offrl.nets import EnsembleCritic, EnsembleLinear, edac_critic_init
+
+    torch.manual_seed(0)
+    critic = EnsembleCritic(11, 3, 5, (256, 256))
+    edac_critic_init(critic)
+    first, hidden, last = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
+    for layer in (first, hidden):
+        assert 0.06 < layer.weight.abs().max().item() <= 1 / 16  # the whole range is used, and no more
+        assert torch.all(layer.bias == 0.1)
+    assert last.weight.abs().max().item() <= 3e-3 and last.bias.abs().max().item() <= 3e-3
+    assert abs(first.weight.std().item() - (1 / 16) / 3**0.5) < 2e-3  # uniform: std = bound / sqrt(3)

@@ -18,8 +18,8 @@ improving (or at `max_epochs`); the members' snapshots are restored (the shared 
 keep their last values) and the `elites` members with the lowest holdout MSE are the ones rollouts use. Training is resumable: `fit` can save its whole state every
 epoch and continue from it.
 
-Weights are drawn from a truncated normal with std 1 / (2 sqrt(fan_in)) and biases start at 0, as in
-OfflineRL-Kit and MOPO. Deviation: none known in the model and its loss; the optimizer is one Adam
+Weights are drawn with `nn.init.trunc_normal_(std=1 / (2 sqrt(fan_in)))` and biases start at 0, as in
+OfflineRL-Kit and MOPO (its default bounds are +-2 absolute, so at these stds nothing is truncated). Deviation: none known in the model and its loss; the optimizer is one Adam
 over all members (per-parameter, so identical to separate ones).
 """
 
