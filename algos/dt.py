@@ -7,7 +7,7 @@ each reward received.
     tokens  = (R_1, s_1, a_1, ..., R_K, s_K, a_K),  each modality its own linear embedding, plus a learned
               timestep embedding, then LayerNorm
     a_hat_t = tanh(W h(s_t))                          (h: the transformer output at s_t's token)
-    L       = mean over unpadded t of ||a_hat_t - a_t||^2    (in the unit action box [-1, 1])
+    L       = mean over unpadded t and action dims of (a_hat_t - a_t)^2    (in the unit action box [-1, 1])
 
 Defaults (docs/FACTS.md section 6, official code): 3 layers, 1 head, width 128, context K = 20, dropout 0.1,
 ReLU MLPs of width 4*128, AdamW lr 1e-4 with weight decay 1e-4, linear warm-up over 10k steps,
@@ -18,8 +18,8 @@ halfcheetah 12000 and 6000, as CORL); on data without published targets (the off
 own) the dataset's expert reference return (ref_max_score) and half of it; --target-return X: X and X/2.
 
 Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and MLP blocks with residual
-dropout, final LayerNorm) instead of HuggingFace GPT-2; padding is masked out of attention, not only
-of the loss; the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
+dropout, final LayerNorm) instead of HuggingFace GPT-2 (padding is masked out of attention and the loss
+in both); the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
 embedding, residual and MLP dropout masks come from `offrl.nets.Dropout` (rate 0.1000061, cheaper
 random draws), attention dropout from torch. Initialization and weight decay differ from the official
 code by default, and the DT tables in results/ were made so: every layer keeps PyTorch's default init,

@@ -6,7 +6,8 @@
 - `SequenceBuffer`: segments of K consecutive steps of one episode, sampled on the device. A start
   row is drawn uniformly over all rows, which is DT's "episode with probability proportional to its
   length, then a uniform start"; a segment that runs past its episode's end is shortened and
-  padded on the left (states 0, actions -10, returns-to-go 0, timestep 0, mask 0), as DT does.
+  padded on the left (states 0, actions -10, returns-to-go 0, timestep 0, mask 0), as DT does (its states
+  are padded with 0 before normalizing, so -mean/std there; masked out of attention and loss either way).
 """
 
 from __future__ import annotations
