@@ -6,19 +6,24 @@ return is still to come:
 
     omega_t = R_t / rtg_scale                     (--conditioning rtg: undiscounted return-to-go, MBRCSL)
     omega_t = R_t / (H - t)                       (--conditioning average: RvS-R; H = the longest episode)
-    L = mean ||tanh(f(s, omega)) - a||^2          (--head deterministic)
-    L = -mean log N(a; tanh(f_mu(s, omega)), sigma(s, omega)^2)   (--head gaussian, evaluated at its mean)
+    L = mean (f(s, omega) - a)^2                  (--head deterministic; mean over action dimensions)
+    L = -mean log N(a; f_mu(s, omega), sigma(s, omega)^2)   (--head gaussian, evaluated at its mean)
 
-Actions are in the unit box. A `holdout_ratio` of the transitions is held out; every `holdout_every`
+Actions are in the unit box; the outputs are unbounded, as both references' (MBRCSL's MLP and RvS's Gaussian
+mean have linear outputs), and clipped to the box when acting. A `holdout_ratio` of the transitions is held out; every `holdout_every`
 steps the hold-out loss is measured, the best weights are kept when it improves by more than 1%
 (relative) and training stops after `patience` checks without improvement (MBRCSL's rule). At
 evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted
 step by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does
 (`--average-goal updated` recomputes it each step); `--eval-targets` sweeps several targets and
-reports the score of each.
+reports the score of each. With no hold-out (`--holdout-ratio 0`, or too few transitions for one row)
+there is no early stopping and the last weights are the policy, as in MBRCSL's trainer.
 
 Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs),
-states normalized, rtg_scale 1000. The default target is the dataset's best episode return (MBRCSL
+states normalized, rtg_scale 1000. Deviations: PyTorch's default initialization (MBRCSL draws its last layer
+with xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
+parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
+without stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode return (MBRCSL
 conditions on the best return of its data).
 
 `train_policy(dataset, cfg, ...)` trains on any Dataset and returns an `RCSLPolicy`: MBRCSL uses it on
@@ -98,11 +103,13 @@ class RCSLPolicy(nn.Module):
         return return_to_go / (self.horizon - timestep).clamp(min=1)
 
     def distribution(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The unit-box action (unbounded, as both references' linear outputs; `act` clips it) and, for the
+        Gaussian head, its log-std."""
         out = self.net(inputs)
         if self.head == "deterministic":
-            return torch.tanh(out), None
+            return out, None
         mean, log_std = out.chunk(2, dim=-1)
-        return torch.tanh(mean), log_std.clamp(-5.0, 2.0)
+        return mean, log_std.clamp(-5.0, 2.0)
 
     def loss(self, inputs: torch.Tensor, unit_actions: torch.Tensor) -> torch.Tensor:
         mean, log_std = self.distribution(inputs)
@@ -113,7 +120,7 @@ class RCSLPolicy(nn.Module):
     @torch.no_grad()
     def act(self, obs: torch.Tensor, return_to_go: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
         inputs = torch.cat([self.normalizer(obs), self.condition(return_to_go, timestep).unsqueeze(-1)], -1)
-        return self.distribution(inputs)[0] * self.action_scale + self.action_bias
+        return self.distribution(inputs)[0].clamp(-1.0, 1.0) * self.action_scale + self.action_bias
 
     def actor(self, target_return: float) -> "ConditionedActor":
         return ConditionedActor(self, target_return)
@@ -183,15 +190,18 @@ class RCSL:
         return total / len(self.holdout)
 
     def check(self) -> bool:
-        """Measure the hold-out loss, keep the best weights; return True when training should stop."""
+        """Measure the hold-out loss, keep the best weights; return True when training should stop. Without
+        a hold-out nothing is kept (the last weights stay the policy) and training never stops early."""
         loss = self.holdout_loss()
+        self.last_holdout = loss
+        if len(self.holdout) == 0:
+            return False
         improved = loss < self.best_loss - 0.01 * abs(self.best_loss) or self.best_state is None
         if improved:
             self.best_loss, self.checks_without_improvement = loss, 0
             self.best_state = copy.deepcopy(self.policy.net.state_dict())
         else:
             self.checks_without_improvement += 1
-        self.last_holdout = loss
         return self.checks_without_improvement >= self.cfg.patience
 
     def restore_best(self) -> None:
@@ -225,7 +235,8 @@ def run_step(run: Run, agent: RCSL, step: int, rcsl_step: int, state: dict) -> b
     run.log(step, metrics)
     if rcsl_step % agent.cfg.holdout_every == 0:
         stop = agent.check()
-        run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
+        if len(agent.holdout):
+            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
         run.checkpoint(step, state, force=True)
         return stop
     run.checkpoint(step, state)
@@ -288,7 +299,8 @@ def train(cfg: Config) -> dict:
         per_target[f"{policy.target:g}"] = summary.get(f"{name}/normalized_score")
     for target, score in per_target.items():
         print(f"target return {target}: normalized score {score:.1f}" if score is not None else f"target {target}: -")
-    return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_loss, "score_per_target": per_target})
+    return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_loss if len(agent.holdout) else None,
+                       "score_per_target": per_target})
 
 
 if __name__ == "__main__":

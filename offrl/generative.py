@@ -16,7 +16,8 @@ through an MLP (Mish), concatenated with the state, conditions residual blocks (
 FiLM) arranged as a U: down widths, two middle blocks, up widths with skip connections. Sampling uses an
 exponential moving average of the weights, decay min((1 + n) / (10 + n), 0.9999) after n updates.
 
-`GaussianMixturePolicy` (MBRCSL's Gaussian ablation, with K components): an MLP gives mixture logits,
+`GaussianMixturePolicy` (a cheaper alternative, not in the MBRCSL reference, whose behaviour-policy ablations
+are an MLP and a DT; K components): an MLP gives mixture logits,
 means and log-stds per component; loss = -log sum_k pi_k N(a; mu_k, sigma_k^2); sampling picks a
 component, then samples it, clipped to the box.
 
@@ -52,7 +53,7 @@ class BehaviourConfig:
     """How the generative behaviour policy is built and trained."""
 
     kind: Literal["diffusion", "gmm"] = "diffusion"
-    """A diffusion policy (the paper's) or a Gaussian mixture (its ablation)."""
+    """A diffusion policy (the paper's) or a Gaussian mixture (a cheaper alternative, not the paper's)."""
     steps: int = 20_000
     """Gradient steps (the reference: 50 epochs of its 199k transitions at batch 256, about 39k)."""
     batch_size: int = 256
@@ -108,9 +109,8 @@ class SinusoidalEmbedding(nn.Module):
 
 
 class FiLMBlock(nn.Module):
-    """Linear-LayerNorm-Mish, FiLM by the condition, Linear-LayerNorm-Mish, plus a residual path. The
-    reference's FiLM encoder is Mish then Linear on the condition; the network applies that Mish once
-    for all blocks (`cond` arrives activated)."""
+    """Linear-LayerNorm-Mish, FiLM by the condition (one Linear on the raw condition, as the reference's
+    `ConditionalResidualLinearBlock`), Linear-LayerNorm-Mish, plus a residual path."""
 
     def __init__(self, in_dim: int, out_dim: int, cond_dim: int):
         super().__init__()
@@ -145,7 +145,7 @@ class NoiseNetwork(nn.Module):
     def forward(self, noisy_actions: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """`t`: [n] steps, or [1] for one step shared by every row (its embedding is computed once)."""
         time = self.time(t).expand(obs.shape[0], -1)
-        cond = mish(torch.cat([time, obs], dim=-1))
+        cond = torch.cat([time, obs], dim=-1)
         x, skips = noisy_actions, []
         for first, second in self.down:
             x = second(first(x, cond), cond)

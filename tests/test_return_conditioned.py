@@ -232,6 +232,38 @@ def test_rcsl_train_policy_seed_fixes_the_policy_and_leaves_the_global_rng_alone
     assert not torch.equal(first, weights(seed=4, global_seed=0))
 
 
+def test_rcsl_without_a_holdout_trains_every_step_and_keeps_its_last_weights():
+    """--holdout-ratio 0: no hold-out loss to stop on, so training runs all its steps and the policy is the last
+    weights (MBRCSL's trainer); it used to stop at the 6th check and return the first check's weights. The
+    output is unbounded (both references' linear heads): an action of +-1 is learned exactly, acting clips."""
+    from algos.rcsl import RCSL
+    from offrl.data.preprocess import StateNormalizer
+
+    n, length = 40, 10
+    obs = np.random.default_rng(2).normal(size=(n, 3)).astype(np.float32)
+    timeouts = np.zeros(n, np.float32)
+    timeouts[length - 1::length] = 1
+    dataset = Dataset(obs, np.ones((n, 1), np.float32), np.ones(n, np.float32), obs, np.zeros(n, np.float32),
+                      timeouts, np.arange(0, n, length), {"name": "ones"}).validate()
+    cfg = RCSLConfig(hidden=(16, 16), steps=300, batch_size=8, holdout_every=10, patience=2, holdout_ratio=0.0, lr=1e-2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        agent = RCSL(cfg, dataset, StateNormalizer(None, None, torch.device("cpu")), [-1.0], [1.0], "cpu", 0)
+    checks = []
+    for step in range(1, cfg.steps + 1):
+        agent.update(cfg.batch_size)
+        if step % cfg.holdout_every == 0:
+            checks.append(agent.check())
+    assert len(checks) == 30 and not any(checks) and agent.best_state is None
+    last = [p.detach().clone() for p in agent.policy.net.parameters()]
+    agent.restore_best()
+    assert all(torch.equal(a, b) for a, b in zip(last, agent.policy.net.parameters()))
+    inputs = agent.inputs[:8]
+    assert torch.allclose(agent.policy.distribution(inputs)[0], torch.ones(8, 1), atol=0.05)  # no tanh in the way
+    action = agent.policy.act(torch.as_tensor(obs[:8]), torch.full((8,), 1e6), torch.zeros(8))
+    assert action.abs().max() <= 1.0  # a far-out condition still acts inside the box
+
+
 @pytest.mark.parametrize("algo, extra", [
     ("dt", ["--context", "5", "--embed-dim", "32", "--batch-size", "8", "--warmup-steps", "10", "--eval.episodes", "3"]),
     ("rcsl", ["--hidden", "32", "--holdout-every", "40", "--eval-targets", "200", "100", "--eval.episodes", "2"]),
