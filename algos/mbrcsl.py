@@ -22,7 +22,9 @@ reference's width and trains 20k steps at its stated learning rate (offrl.genera
 RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient, states and
 returns are normalized (the reference feeds raw ones), returns-to-go are divided by the best kept return
 (so conditioning lies in about [0, 1]) and early stopping (1% rule, patience 5) checks every 500 steps
-from the start instead of every epoch from epoch 80.
+from the start instead of every epoch from epoch 80. RCSL's budget is steps (10k), the reference's epochs
+over the kept data (80-100): about the same on the point maze (~70 steps an epoch), but on 1000-step
+rollouts the reference trains at least ~28k steps; raise --steps there.
 
 Phases and resuming: the run counts behaviour.steps + steps gradient steps. The behaviour policy is
 written to <run>/behaviour.pt when trained (pass it to another run with --behaviour-policy to skip
