@@ -41,9 +41,13 @@ Deviations: the critics are one batched ensemble and every Q evaluation of a ste
 uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are both computed
 with the networks as they were before the step (as rlkit does); the uniform proposal's density
 uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. Cal-QL: the reference's
-return-to-go of an all-negative sparse-reward trajectory (AntMaze: r / (1 - gamma)) is not implemented: every
-trajectory's return-to-go is its discounted sum. WSRL's networks end in a layer initialized with scale 1e-2;
-offrl's use PyTorch's default initialization.
+return-to-go of a sparse-reward trajectory that never succeeds (AntMaze, Adroit-binary: every row gets
+r_neg / (1 - gamma)) is not implemented: every trajectory's return-to-go is its discounted sum, so on the
+last rows of failed trajectories the bound is looser there than Q and removes their push-down. WSRL's
+networks are initialized orthogonally (gain sqrt(2)) with the last hidden layer scaled by 1e-2 (which its
+LayerNorm cancels), and its 10 critics share one output layer (algos/wsrl.py says more); offrl's use
+PyTorch's default initialization and independent heads. WSRL's temperature is softplus-parameterized and
+its entropy estimated from the 10 sampled actions at s'; ours is exp(log alpha) on one sample at s.
 """
 
 from __future__ import annotations
@@ -86,7 +90,10 @@ class Config(TrainConfig):
     """Take the target's min, and apply the penalty, over this many critics drawn at random each step (REDQ;
     WSRL pre-trains with 2 of 10); default: all critics."""
     calql: bool = False
-    """Cal-QL: bound the policy actions' Q-values in the penalty below by the dataset's Monte-Carlo return-to-go."""
+    """Cal-QL: bound the policy actions' Q-values in the penalty below by the dataset's Monte-Carlo return-to-go.
+    Only the bound (and --lagrange-init's default): Cal-QL's code also backs up the max over sampled next
+    actions (pass --max-target-backup), and on AntMaze tunes the penalty (--lagrange --target-gap 0.8) with
+    4x256 critics and rewards scaled by 10, shifted by -5."""
     gamma: float = 0.99
     """Discount."""
     tau: float = 5e-3
@@ -101,6 +108,9 @@ class Config(TrainConfig):
     """Tune the penalty's weight so the gap approaches --target-gap."""
     target_gap: float = 10.0
     """Lagrange threshold tau on the gap."""
+    lagrange_init: float | None = None
+    """Initial log of the Lagrange multiplier (default: 1.0 with --calql, as Cal-QL's and CORL's code; 0.0
+    otherwise, as the original CQL's)."""
     max_target_backup: bool = False
     """Back up the max over n_actions sampled next actions (of the min over critics)."""
     deterministic_backup: bool = True
@@ -165,7 +175,8 @@ class CQL(Stateful):
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
-        self.log_lagrange = torch.zeros((), device=device, requires_grad=True)
+        lagrange_init = cfg.lagrange_init if cfg.lagrange_init is not None else (1.0 if cfg.calql else 0.0)
+        self.log_lagrange = torch.tensor(float(lagrange_init), device=device, requires_grad=True)
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
         low = torch.as_tensor(data.action_low, device=device)
         high = torch.as_tensor(data.action_high, device=device)

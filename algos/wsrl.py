@@ -3,7 +3,9 @@ Levine, Kumar; arXiv 2412.07762, 2024).
 
 Offline-to-online fine-tuning that keeps no offline data. Start from an actor-critic pre-trained offline
 (locomotion: CQL with a 10-critic LayerNorm ensemble; AntMaze, Kitchen, Adroit: Cal-QL; both are
-algos/cql.py, see its docstring for the pre-training command), then
+algos/cql.py, see its docstring for the pre-training command; the online options here are the locomotion
+recipe's: the reference's AntMaze fine-tuning also backs up the max over sampled actions, uses a
+state-independent std and a 4x256 critic beside a 2x256 policy, which this file does not offer), then
   1. warm-up: `warmup_steps` env steps with the frozen pre-trained policy (actions sampled from it) and no
      gradient step; they fill a fresh online replay buffer, so the first updates see the pre-trained policy's
      own data rather than a handful of transitions (the paper's remedy for the collapse that fine-tuning
@@ -36,6 +38,15 @@ the whole train state); learning rates are this config's. The run also evaluates
 online step: the pre-trained policy's score starts the learning curve.
 
 Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
+- each critic has its own output layer; the reference's `ensemblize` wraps only the critics' hidden
+  layers, so its 10 members share one 256 -> 1 output layer (each keeps its hidden layers and LayerNorm
+  affine). Ours are independent critics, as REDQ and the paper describe them; the reference's members start
+  more alike and its pessimism (the 2-of-10 target min, the actor's min over 10) may differ;
+- the update is what the reference means, not what its optimizer computes: its `update_high_utd` calls
+  the whole train state's update 5 times per env step, and optax's Adam still moves a network given a zero
+  gradient (momentum); so per env step its actor and temperature take 4 momentum-only steps before their
+  real one and its critics one more after their 4 (about 2.2x and 1.1x the effective step size, by a
+  scalar Adam simulation). Here each takes exactly its own steps (`--actor-lr` is the knob to compare);
 - temperature: offrl's log-alpha loss on log pi(a~|s) at the batch's states; the reference trains a
   softplus-parameterized multiplier on alpha * (entropy - target) with the entropy of pi(.|s'); both move
   alpha the same way;

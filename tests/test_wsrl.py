@@ -307,6 +307,16 @@ def test_calql_bound_by_hand():
     assert gap.item() == pytest.approx(expected)
 
 
+def test_the_lagrange_multiplier_starts_at_e_for_calql_and_at_1_for_cql(tiny):
+    """Cal-QL's and CORL's code start log alpha' at 1, the original CQL at 0; --lagrange-init overrides both."""
+    data = load_for_training(tiny, CQLConfig(dataset=tiny).data)
+    start = {}
+    for name, options in (("cql", {}), ("calql", {"calql": True}), ("set", {"calql": True, "lagrange_init": -2.0})):
+        cfg = CQLConfig(dataset=tiny, hidden=(8, 8), lagrange=True, **options)
+        start[name] = CQL(cfg, data, torch.device("cpu")).log_lagrange.item()
+    assert start == {"cql": 0.0, "calql": 1.0, "set": -2.0}
+
+
 def test_calql_in_the_cql_critic_loss(tiny):
     cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, calql=True, num_critics=4, critic_subsample=2)
     data = load_for_training(tiny, cfg.data)
