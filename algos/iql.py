@@ -19,14 +19,16 @@ training, batch 256, Gaussian actor with tanh mean and state-independent log-std
 return); dataset actions clipped to the bounds shrunk by 1e-5; no state normalization.
 
 `--critic-loss hl-gauss` (Farebrother et al. 2024, docs/FACTS.md section 15) makes Q and V categorical
-over `hl_bins` bins on [v_min, v_max] (default: [min r, max r] / (1 - gamma) of the preprocessed
-data), trained with cross-entropy against HL-Gauss targets (sigma = `hl_sigma_ratio` x bin width)
+over `hl_bins` bins on [v_min, v_max] (default: [min(r_min, 0), max(r_max, 0)] / (1 - gamma) of the
+preprocessed data, so the support always holds 0), trained with cross-entropy against HL-Gauss targets (sigma = `hl_sigma_ratio` x bin width)
 and read out as expectations. V's expectile becomes a weight on its cross-entropy:
 |tau - 1(u < 0)| with u = target - E[V] (this weighting is our choice; the paper has no IQL).
 
 Deviations: twin critics are one batched ensemble; actions are scaled to the env's box (the
-official code assumes [-1, 1]). CORL instead uses V before its update for A and y and normalizes
-states; both are one flag away (--data.normalize-states).
+official code assumes [-1, 1]); PyTorch's default initialization (the official code draws every weight
+orthogonal with gain sqrt(2), biases 0; CORL keeps PyTorch's); rewards are scaled on any data (the official
+code scales the locomotion tasks only, antmaze gets r - 1). CORL also uses V before its update for A and
+y (not offered here; algos/riql.py does) and normalizes states (--data.normalize-states).
 """
 
 from __future__ import annotations
@@ -83,9 +85,9 @@ class Config(TrainConfig):
     hl_bins: int = 101
     """HL-Gauss: number of bins."""
     hl_v_min: Optional[float] = None
-    """HL-Gauss: lower end of the value support (default min reward / (1 - gamma))."""
+    """HL-Gauss: lower end of the value support (default min(min reward, 0) / (1 - gamma))."""
     hl_v_max: Optional[float] = None
-    """HL-Gauss: upper end of the value support (default max reward / (1 - gamma))."""
+    """HL-Gauss: upper end of the value support (default max(max reward, 0) / (1 - gamma))."""
     hl_sigma_ratio: float = 0.75
     """HL-Gauss: sigma as a multiple of the bin width."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))

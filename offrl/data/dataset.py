@@ -236,8 +236,10 @@ def episode_starts_from_flags(
     tolerance: float = 1e-6,
 ) -> np.ndarray:
     """Episode starts for flat data: a new episode begins after a terminal or timeout row, and
-    (when both arrays are given) where next_observations[i] differs from observations[i + 1]
-    (the official IQL split, which also catches episodes cut without a flag)."""
+    (when both arrays are given) where next_observations[i] differs from observations[i + 1], which
+    catches episodes cut without a flag. (The official IQL code runs the same test on
+    `qlearning_dataset` output, whose next observations are the next rows: there it fires only where a
+    timeout row was dropped.)"""
     ends = (terminals > 0) | (timeouts > 0)
     if observations is not None and next_observations is not None and len(observations) > 1:
         jump = np.linalg.norm(observations[1:] - next_observations[:-1], axis=1) > tolerance
