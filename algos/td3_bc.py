@@ -18,8 +18,10 @@ normalized with std + 1e-3, no reward normalization.
 Deviations: the twin critics are one batched ensemble (same maths as two networks); noise scale and
 clip use the per-dimension half-range of the action box (the paper's max_action for symmetric boxes);
 the actor loss back-propagates into the actor only (the paper computes, then discards, critic grads).
-The smoothing noise comes from the agent's own generator seeded with --seed (checkpointed), so that a
-seed trained inside a batched `--seeds` run draws the same noise as its single-seed run.
+The smoothing noise comes from the agent's own generator (checkpointed), seeded from --seed apart from
+the batches' generator (`offrl.checkpoint.stream_seed`; seeded with --seed itself, it drew the very words
+that picked the batch rows), so that a seed trained inside a batched `--seeds` run draws the same noise as
+its single-seed run.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class TD3BC(Stateful):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_opt = adam([{"params": self.actor.parameters(), "lr": cfg.actor_lr}], device)
         self.critic_opt = adam([{"params": self.critic.parameters(), "lr": cfg.critic_lr}], device)
-        self.noise = SeededGenerator(device, cfg.seed)  # the smoothing noise's own stream (one per seed with --seeds)
+        # the smoothing noise's own stream (one per seed with --seeds), apart from the batches' (seeded with the seed)
+        self.noise = SeededGenerator(device, cfg.seed, stream="td3_bc smoothing noise")
         self.updates = 0
         self.actor_metrics: dict[str, torch.Tensor] = {}
         self._critic_step = torch.compile(self.critic_step) if cfg.run.compile else self.critic_step

@@ -237,12 +237,21 @@ class Stateful:
                 setattr(self, name, type(current)(state[name]))
 
 
-class SeededGenerator:
-    """A torch.Generator that a run checkpoints (model rollouts, TD3+BC's smoothing noise) (state_dict / load_state_dict)."""
+def stream_seed(seed: int, stream: str) -> int:
+    """A seed for the random stream `stream` of run seed `seed`, unrelated to `seed` itself and to every other
+    (seed, stream): generators seeded with the run's seed (its batches) and with seed + k (another seed's
+    batches, with --seeds) draw the very same random words, one of the two streams reused by the other."""
+    digest = hashlib.blake2b(f"{seed}:{stream}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # torch seeds are 64-bit; keep it non-negative
 
-    def __init__(self, device: torch.device | str, seed: int):
+
+class SeededGenerator:
+    """A torch.Generator that a run checkpoints (model rollouts, TD3+BC's smoothing noise) (state_dict / load_state_dict).
+    With `stream`, seeded by `stream_seed(seed, stream)`."""
+
+    def __init__(self, device: torch.device | str, seed: int, stream: str | None = None):
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        self.generator.manual_seed(seed if stream is None else stream_seed(seed, stream))
 
     def state_dict(self) -> dict:
         return {"state": self.generator.get_state()}

@@ -71,7 +71,8 @@ class EvalConfig:
     episodes: int = 10
     """Episodes per evaluation, run in parallel in one vector env."""
     seed_offset: int = 100
-    """Evaluation env seeds are seed + seed_offset + i (TD3+BC's official convention)."""
+    """Evaluation episode i resets with seed + seed_offset + i (the offset 100 is TD3+BC's official code's, which
+    seeds its eval env once with seed + 100 and resets it 10 times in turn)."""
 
 
 @dataclass

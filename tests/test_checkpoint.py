@@ -71,3 +71,16 @@ def test_state_that_does_not_fit_names_the_object():
         ckpt.load_state_dicts({"actor": model}, {"actor": torch.nn.Linear(3, 2).state_dict()}, "x.pt")
     with pytest.raises(CheckpointError, match="no state for critic"):
         ckpt.load_state_dicts({"critic": model}, {}, "x.pt")
+
+
+def test_stream_seeds_are_unrelated_to_the_run_seed_and_to_each_other():
+    """TD3+BC's smoothing noise was seeded with the run's seed, as its batches are: the two generators drew the
+    very same random words. A stream's seed differs from every run seed near it and from other streams'."""
+    from offrl.checkpoint import SeededGenerator, stream_seed
+
+    seeds = {stream_seed(s, name) for s in range(50) for name in ("td3_bc smoothing noise", "other")}
+    assert len(seeds) == 100 and all(0 <= x < 2**63 for x in seeds) and not seeds & set(range(1000))
+    assert stream_seed(3, "a") == stream_seed(3, "a")
+    batches = torch.Generator().manual_seed(0)
+    noise = SeededGenerator("cpu", 0, stream="td3_bc smoothing noise").generator
+    assert not torch.equal(torch.randn(64, generator=batches), torch.randn(64, generator=noise))
