@@ -18,11 +18,11 @@ training, batch 256, Gaussian actor with tanh mean and state-independent log-std
 [-5, 2] (not tanh-squashed; evaluated at its mean); rewards scaled by 1000 / (max - min episode
 return); dataset actions clipped to the bounds shrunk by 1e-5; no state normalization.
 
-`--critic-loss hl-gauss` (Farebrother et al. 2024, docs/FACTS.md section 15) makes Q and V categorical
-over `hl_bins` bins on [v_min, v_max] (default: [min(r_min, 0), max(r_max, 0)] / (1 - gamma) of the
-preprocessed data, so the support always holds 0), trained with cross-entropy against HL-Gauss targets (sigma = `hl_sigma_ratio` x bin width)
-and read out as expectations. V's expectile becomes a weight on its cross-entropy:
-|tau - 1(u < 0)| with u = target - E[V] (this weighting is our choice; the paper has no IQL).
+`--critic-loss hl-gauss` (Farebrother et al. 2024, docs/FACTS.md section 15) makes Q and V categorical over
+`hl_bins` bins on [v_min, v_max] (default: [min(r_min, 0), max(r_max, 0)] / (1 - gamma) of the preprocessed
+data, so the support always holds 0), trained with cross-entropy against HL-Gauss targets (sigma =
+`hl_sigma_ratio` x bin width) and read out as expectations. V's expectile becomes a weight on its cross-
+entropy: |tau - 1(u < 0)| with u = target - E[V] (this weighting is our choice; the paper has no IQL).
 
 Deviations: twin critics are one batched ensemble; actions are scaled to the env's box (the
 official code assumes [-1, 1]); PyTorch's default initialization (the official code draws every weight

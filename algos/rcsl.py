@@ -10,21 +10,21 @@ return is still to come:
     L = -mean log N(a; f_mu(s, omega), sigma(s, omega)^2)   (--head gaussian, evaluated at its mean)
 
 Actions are in the unit box; the outputs are unbounded, as both references' (MBRCSL's MLP and RvS's Gaussian
-mean have linear outputs), and clipped to the box when acting. A `holdout_ratio` of the transitions is held out; every `holdout_every`
-steps the hold-out loss is measured, the best weights are kept when it improves by more than 1%
-(relative) and training stops after `patience` checks without improvement (MBRCSL's rule). At
-evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted
-step by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does
-(`--average-goal updated` recomputes it each step); `--eval-targets` sweeps several targets and
-reports the score of each. With no hold-out (`--holdout-ratio 0`, or too few transitions for one row)
-there is no early stopping and the last weights are the policy, as in MBRCSL's trainer.
+mean have linear outputs), and clipped to the box when acting. A `holdout_ratio` of the transitions is held
+out; every `holdout_every` steps the hold-out loss is measured, the best weights are kept when it improves
+by more than 1% (relative) and training stops after `patience` checks without improvement (MBRCSL's rule).
+At evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted step
+by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does (`--average-goal
+updated` recomputes it each step); `--eval-targets` sweeps several targets and reports the score of each.
+With no hold-out (`--holdout-ratio 0`, or too few transitions for one row) there is no early stopping and
+the last weights are the policy, as in MBRCSL's trainer.
 
-Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs),
-states normalized, rtg_scale 1000. Deviations: PyTorch's default initialization (MBRCSL draws its last layer
-with xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
-parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
-without stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode return (MBRCSL
-conditions on the best return of its data).
+Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs), states
+normalized, rtg_scale 1000. Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
+xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one parameter
+per action dimension); the best hold-out weights are kept also when training runs to --steps without
+stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode
+return (MBRCSL conditions on the best return of its data).
 
 `train_policy(dataset, cfg, ...)` trains on any Dataset and returns an `RCSLPolicy`: MBRCSL uses it on
 model rollouts.
