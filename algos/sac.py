@@ -13,7 +13,12 @@ then a Polyak update of the critics with tau. One gradient step per env step aft
 `learning_starts` uniform-random steps; time-limit truncations are bootstrapped.
 
 Defaults follow the SAC paper / Stable-Baselines3 for MuJoCo: 2x256 ReLU, Adam 3e-4 for actor,
-critics and alpha, batch 256, buffer 1M, gamma 0.99, tau 0.005, initial alpha 1.0.
+critics and alpha, batch 256, buffer 1M, gamma 0.99, tau 0.005, initial alpha 1.0; learning_starts 5000
+is cleanrl's (SB3: 100). Where the references differ: cleanrl runs critic and alpha at 1e-3 and its actor
+twice every second step; log-std is clamped to [-5, 2] (cleanrl squashes it into that range smoothly,
+SB3 and SpinningUp clamp at -20); log pi is that of the env's action (with -sum log(action scale), as
+cleanrl; SB3's is in the unit box), so the target entropy -|A| is in env units: the same for the suite's
+[-1, 1] boxes, another target on other boxes.
 
 Every `actor_every` env steps the actor's weights are written to `<run>/actors/actor_<step>.pt`
 (format in `offrl.policies`): the dataset suite rolls out that sequence to rebuild medium-replay.

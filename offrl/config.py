@@ -67,7 +67,8 @@ class DataConfig:
 @dataclass
 class EvalConfig:
     every: int = 5000
-    """Evaluate every this many gradient steps (and always at the end); 0 = only at the end."""
+    """Evaluate every this many steps (gradient steps; env steps for online algorithms) and always at the
+    end; 0 = only at the end."""
     episodes: int = 10
     """Episodes per evaluation, run in parallel in one vector env."""
     seed_offset: int = 100
