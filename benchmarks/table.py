@@ -183,7 +183,7 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
     out = {"title": title, "command": command, "generated_by": "python -m benchmarks.table", "runs": len(runs),
            "last_finished": time.strftime("%Y-%m-%d", time.gmtime(max(finished))) if finished else None,
            "seeds": sorted({r["seed"] for r in runs}), "steps": sorted({r["steps"] for r in runs}),
-           "step_unit": step_unit(r["algo"] for r in runs),
+           "step_unit": step_unit(r["algo"] for r in runs if r.get("algo")),
            "episodes": sorted({r["episodes"] for r in runs}), "train_episodes": sorted({r["train_episodes"] for r in runs}),
            "reeval_seed": reeval_seed, "hardware": hardware_of(groups, runs) if runs else None,
            "statistics": {"implementation": stats.implementation(), "method": "stratified bootstrap, percentile",
