@@ -238,9 +238,10 @@ class Stateful:
 
 
 def stream_seed(seed: int, stream: str) -> int:
-    """A seed for the random stream `stream` of run seed `seed`, unrelated to `seed` itself and to every other
-    (seed, stream): generators seeded with the run's seed (its batches) and with seed + k (another seed's
-    batches, with --seeds) draw the very same random words, one of the two streams reused by the other."""
+    """A seed for the named random stream `stream` of run seed `seed`, unrelated to `seed` and to every other
+    (seed, stream) pair. Two generators seeded alike draw the same random words, so a second stream seeded
+    with the run's seed would replay its batches' draws, and one seeded with seed + k another seed's under
+    --seeds."""
     digest = hashlib.blake2b(f"{seed}:{stream}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # torch seeds are 64-bit; keep it non-negative
 
