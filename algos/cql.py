@@ -42,8 +42,8 @@ uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are
 with the networks as they were before the step (as rlkit does); the uniform proposal's density
 uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. Cal-QL: the reference's
 return-to-go of a sparse-reward trajectory that never succeeds (AntMaze, Adroit-binary: every row gets
-r_neg / (1 - gamma)) is not implemented: every trajectory's return-to-go is its discounted sum, so on the
-last rows of failed trajectories the bound is looser there than Q and removes their push-down. WSRL's
+r_neg / (1 - gamma)) needs --calql-sparse-failure r_neg (the reference knows its tasks' r_neg; the
+data here does not say it); without it every trajectory's return-to-go is its discounted sum. WSRL's
 networks are initialized orthogonally (gain sqrt(2)) with the last hidden layer scaled by 1e-2 (which its
 LayerNorm cancels), and its 10 critics share one output layer (algos/wsrl.py says more); offrl's use
 PyTorch's default initialization and independent heads. WSRL's temperature is softplus-parameterized and
@@ -108,6 +108,10 @@ class Config(TrainConfig):
     """Tune the penalty's weight so the gap approaches --target-gap."""
     target_gap: float = 10.0
     """Lagrange threshold tau on the gap."""
+    calql_sparse_failure: float | None = None
+    """Cal-QL on a sparse-reward task: the reward of a step without success, after the reward transform
+    (AntMaze with scale 10 and bias -5: -5; Adroit-binary: -1 x scale + bias). An episode made only of it gets
+    the return-to-go r / (1 - gamma) on every row, as Cal-QL's code; default: every episode's discounted sum."""
     lagrange_init: float | None = None
     """Initial log of the Lagrange multiplier (default: 1.0 with --calql, as Cal-QL's and CORL's code; 0.0
     otherwise, as the original CQL's)."""
@@ -123,11 +127,17 @@ class Config(TrainConfig):
     """Target entropy (default -action_dim)."""
 
 
-def mc_returns(dataset: Dataset, gamma: float) -> np.ndarray:
+def mc_returns(dataset: Dataset, gamma: float, sparse_failure: float | None = None) -> np.ndarray:
     """Per row, its episode's discounted return from that row on: G_t = r_t + gamma * G_{t+1}, with G = 0
-    after an episode's last row, terminal or cut (Cal-QL's `calc_return_to_go`, finite horizon)."""
+    after an episode's last row, terminal or cut (Cal-QL's `calc_return_to_go`, finite horizon). With
+    `sparse_failure` r_neg (a sparse-reward task's reward for a step without success), an episode whose every
+    reward equals r_neg gets r_neg / (1 - gamma) on every row, as Cal-QL's and WSRL's code do: a failure that
+    would go on forever, where the finite sum would shrink toward 0 on its last rows."""
     rewards, out = dataset.rewards.astype(np.float64).tolist(), [0.0] * len(dataset)
     for start, end in zip(dataset.episode_starts.tolist(), dataset.episode_ends().tolist()):
+        if sparse_failure is not None and all(r == sparse_failure for r in rewards[start:end]):
+            out[start:end] = [sparse_failure / (1.0 - gamma)] * (end - start)
+            continue
         ret = 0.0
         for i in range(end - 1, start - 1, -1):
             ret = rewards[i] + gamma * ret
@@ -296,7 +306,7 @@ def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("cql", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
-    returns_to_go = torch.as_tensor(mc_returns(data.dataset, cfg.gamma), device=run.device) if cfg.calql else None
+    returns_to_go = torch.as_tensor(mc_returns(data.dataset, cfg.gamma, cfg.calql_sparse_failure), device=run.device) if cfg.calql else None
     agent = CQL(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):

@@ -291,6 +291,11 @@ def test_calql_bound_by_hand():
                    np.zeros((n, 1), np.float32), np.array([0, 0, 0, 0, 1], np.float32),
                    np.array([0, 0, 1, 0, 0], np.float32), np.array([0, 3]))
     np.testing.assert_allclose(mc_returns(data, 0.5), [1 + 0.5 * (2 + 0.5 * 3), 2 + 0.5 * 3, 3, 4 + 0.5 * 5, 5])
+    # sparse rewards: the episode that never left the failure reward (-1) gets -1 / (1 - gamma) on every row
+    failed = Dataset(data.observations, data.actions, np.array([-1, -1, -1, -1, 0], np.float32),
+                     data.next_observations, data.terminals, data.timeouts, data.episode_starts)
+    np.testing.assert_allclose(mc_returns(failed, 0.5, sparse_failure=-1.0), [-2, -2, -2, -1 + 0.5 * 0, 0])
+    np.testing.assert_allclose(mc_returns(failed, 0.5), [-1 - 0.5 - 0.25, -1 - 0.5, -1, -1, 0])
     # max(Q, V) per state, for every critic and sampled action; the gradient reaches Q only above the bound
     q = torch.tensor([[[0.0, 5.0], [3.0, 1.0]]], requires_grad=True)  # [E=1, B=2, N=2]
     bounded = calql_bound(q, torch.tensor([1.0, 2.0]))
