@@ -430,7 +430,8 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
 
     def dry(**env):
         text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "runs")], check=True,
-                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env}).stdout
+                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env},
+                              timeout=120).stdout  # a script that ignored DRY_RUN would start training
         return [shlex.split(line) for line in text.splitlines()]
 
     lines = dry()
@@ -469,7 +470,8 @@ def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the
 
     def dry(**env):
         text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "wsrl.sh"), str(tmp_path / "runs")], check=True,
-                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env}).stdout
+                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env},
+                              timeout=120).stdout  # a script that ignored DRY_RUN would start training
         return [shlex.split(line) for line in text.splitlines()]
 
     def sweeps(lines):
