@@ -46,7 +46,8 @@ Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
   the whole train state's update 5 times per env step, and optax's Adam still moves a network given a zero
   gradient (momentum); so per env step its actor and temperature take 4 momentum-only steps before their
   real one and its critics one more after their 4 (about 2.2x and 1.1x the effective step size, by a
-  scalar Adam simulation). Here each takes exactly its own steps (`--actor-lr` is the knob to compare);
+  scalar Adam simulation). Here each takes exactly its own steps; `--reference-optimizer-steps` takes the
+  reference's extra ones too;
 - temperature: offrl's log-alpha loss on log pi(a~|s) at the batch's states; the reference trains a
   softplus-parameterized multiplier on alpha * (entropy - target) with the entropy of pi(.|s'); both move
   alpha the same way;
@@ -127,6 +128,11 @@ class Config(TrainConfig):
     """Initial temperature of fresh networks (a checkpoint's own temperature is kept)."""
     target_entropy: Optional[float] = None
     """Target entropy (default -action_dim)."""
+    reference_optimizer_steps: bool = False
+    """Step the optimizers as the reference's code does rather than as it means to: its `update_high_utd` updates
+    the whole train state 5 times per env step and optax's Adam moves a network on a zero gradient, so the actor
+    and temperature also take a momentum-only step beside each of the 4 critic steps, and the critics one beside
+    the actor's (no Polyak update with it)."""
     backup_entropy: bool = False
     """Put -alpha log pi(a'|s') in the TD target (WSRL: no)."""
     gamma: float = 0.99
@@ -185,13 +191,31 @@ class WSRL(SACAgent):
             self.critic_target.compile()
 
     def update(self, slices: list[Batch]) -> dict[str, torch.Tensor]:
-        """One critic step per slice, then one actor and temperature step on all of them."""
-        critic = [self.critic_step(batch) for batch in slices]
+        """One critic step per slice, then one actor and temperature step on all of them (with
+        --reference-optimizer-steps, the reference's momentum-only steps beside them)."""
+        critic = []
+        for batch in slices:
+            critic.append(self.critic_step(batch))
+            if self.cfg.reference_optimizer_steps:
+                zero_gradient_step(self.actor_opt)
+                zero_gradient_step(self.alpha_opt)
         metrics = {name: torch.stack([m[name] for m in critic]).mean() for name in critic[0]}
         metrics |= self.actor_step(concat(slices))
+        if self.cfg.reference_optimizer_steps:
+            zero_gradient_step(self.critic_opt)
         self.critic_updates += len(slices)
         self.actor_updates += 1
         return metrics
+
+
+def zero_gradient_step(optimizer: torch.optim.Optimizer) -> None:
+    """An Adam step on zero gradients, as optax takes for a network its loss does not reach: the moments decay
+    and the parameters still move by the first moment."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 Agent = WSRL

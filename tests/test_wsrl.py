@@ -156,6 +156,31 @@ def test_offline_ratio_zero_never_reads_offline_data():
     assert wsrl.learning_starts(wsrl.Config(warmup_steps=0, offline_ratio=0.5)) == 512
 
 
+def test_reference_optimizer_steps_add_the_references_momentum_only_steps(tiny):
+    """--reference-optimizer-steps: per env step (UTD 4) the actor and temperature take 4 momentum-only Adam steps
+    beside the critic's 4 and their own real one, the critics one beside the actor's, as the reference's
+    update_high_utd computes; off, each optimizer takes exactly its own steps."""
+    data = load_for_training("offrl/tiny-v0", DataConfig())
+    out = {}
+    for reference in (False, True):
+        cfg = wsrl.Config(batch_size=64, hidden=(32, 32), reference_optimizer_steps=reference)
+        torch.manual_seed(0)
+        agent = wsrl.WSRL(cfg, data, torch.device("cpu"))
+        buffer = ReplayBuffer.from_dataset(data.dataset, torch.device("cpu"), seed=0)
+        torch.manual_seed(1)
+        for _ in range(2):
+            agent.update(wsrl.sample_slices(buffer, None, cfg))
+
+        def steps(opt):
+            return {int(st["step"]) for st in opt.state.values()}
+        out[reference] = (steps(agent.actor_opt), steps(agent.alpha_opt), steps(agent.critic_opt),
+                          [p.detach().clone() for p in agent.actor.parameters()])
+    assert out[False][:3] == ({2}, {2}, {8})
+    assert out[True][:3] == ({10}, {10}, {10})
+    # the momentum-only steps moved the actor: its weights differ from the plain run's after the same batches
+    assert any(not torch.equal(a, b) for a, b in zip(out[False][3], out[True][3]))
+
+
 def test_compiled_critics_take_the_eager_update(tiny):
     """--run.compile compiles the LayerNorm critics and their targets (the elementwise work fuses on the CPU):
     the same updates as eager up to float rounding; the state_dict keys stay those checkpoints hold."""
