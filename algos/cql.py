@@ -86,6 +86,8 @@ class Config(TrainConfig):
     """LayerNorm in the critics' hidden layers (WSRL)."""
     actor_layer_norm: bool = False
     """LayerNorm in the policy's hidden layers (WSRL)."""
+    shared_critic_output: bool = False
+    """The critics share one output layer, as in WSRL's JAX code (its paper describes independent critics)."""
     critic_subsample: int | None = None
     """Take the target's min, and apply the penalty, over this many critics drawn at random each step (REDQ;
     WSRL pre-trains with 2 of 10); default: all critics."""
@@ -182,7 +184,8 @@ class CQL(Stateful):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = TanhGaussianActor(obs_dim, act_dim, data.action_low, data.action_high, cfg.hidden,
                                        layer_norm=cfg.actor_layer_norm).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm,
+                                     shared_output=cfg.shared_critic_output).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         lagrange_init = cfg.lagrange_init if cfg.lagrange_init is not None else (1.0 if cfg.calql else 0.0)

@@ -42,6 +42,7 @@ Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
   layers, so its 10 members share one 256 -> 1 output layer (each keeps its hidden layers and LayerNorm
   affine). Ours are independent critics, as REDQ and the paper describe them; the reference's members start
   more alike and its pessimism (the 2-of-10 target min, the actor's min over 10) may differ;
+  `--shared-critic-output` (here and in the CQL pre-training) builds them as the reference's code does;
 - the update is what the reference means, not what its optimizer computes: its `update_high_utd` calls
   the whole train state's update 5 times per env step, and optax's Adam still moves a network given a zero
   gradient (momentum); so per env step its actor and temperature take 4 momentum-only steps before their
@@ -118,6 +119,8 @@ class Config(TrainConfig):
     """LayerNorm in the critics' hidden layers (must match the checkpoint's)."""
     actor_layer_norm: bool = True
     """LayerNorm in the policy's hidden layers (must match the checkpoint's)."""
+    shared_critic_output: bool = False
+    """The critics share one output layer, as in the reference's code (must match the checkpoint's)."""
     actor_lr: float = 1e-4
     """Adam learning rate of the policy."""
     critic_lr: float = 3e-4
@@ -181,7 +184,7 @@ class WSRL(SACAgent):
         super().__init__(spaces.obs_dim, spaces.act_dim, spaces.action_low, spaces.action_high, device, cfg.hidden,
                          cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, True, cfg.target_entropy, cfg.gamma,
                          cfg.tau, cfg.num_critics, cfg.layer_norm, cfg.actor_layer_norm, cfg.critic_subsample,
-                         cfg.backup_entropy)
+                         cfg.backup_entropy, cfg.shared_critic_output)
         self.critic_updates, self.actor_updates = 0, 0
         self.pretrained = ""  # JSON: the checkpoint the networks came from
         if cfg.run.compile:
@@ -268,7 +271,8 @@ def load_pretrained(agent: WSRL, path: str, cfg: Config, env_id: str | None = No
         try:
             target.load_state_dict(objects[name])
         except (RuntimeError, ValueError, KeyError) as exc:
-            arch = {k: saved[k] for k in ("hidden", "num_critics", "layer_norm", "actor_layer_norm") if k in saved}
+            arch = {k: saved[k] for k in ("hidden", "num_critics", "layer_norm", "actor_layer_norm",
+                                          "shared_critic_output") if k in saved}
             raise CheckpointError(f"checkpoint {file} ({algo}): its {name} does not fit wsrl's networks "
                                   f"({str(exc).strip().splitlines()[0]}); give wsrl the pre-training's network "
                                   f"options (the checkpoint's: {arch or 'not recorded'})") from None

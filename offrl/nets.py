@@ -198,10 +198,11 @@ class EnsembleLayerNorm(nn.Module):
 
 
 class EnsembleMLP(nn.Module):
-    """E MLPs evaluated together: [B, in] or [E, B, in] -> [E, B, out]."""
+    """E MLPs evaluated together: [B, in] or [E, B, in] -> [E, B, out]. With `shared_output` the members share
+    one output layer (WSRL's JAX code: its `ensemblize` wraps only the hidden layers)."""
 
     def __init__(self, ensemble_size: int, in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256),
-                 activation: type[nn.Module] = nn.ReLU, layer_norm: bool = False):
+                 activation: type[nn.Module] = nn.ReLU, layer_norm: bool = False, shared_output: bool = False):
         super().__init__()
         layers: list[nn.Module] = []
         for width in hidden:
@@ -210,7 +211,7 @@ class EnsembleMLP(nn.Module):
                 layers.append(EnsembleLayerNorm(ensemble_size, width))
             layers.append(_activation(activation))
             in_dim = width
-        layers.append(EnsembleLinear(ensemble_size, in_dim, out_dim))
+        layers.append(Linear(in_dim, out_dim) if shared_output else EnsembleLinear(ensemble_size, in_dim, out_dim))
         self.net = MLP(*layers)
         self.ensemble_size = ensemble_size
 
@@ -250,9 +251,10 @@ class EnsembleCritic(nn.Module):
     CPU_MEMBER_ROWS_PER_PASS = 2048
 
     def __init__(self, obs_dim: int, act_dim: int, ensemble_size: int = 2, hidden: Sequence[int] = (256, 256),
-                 layer_norm: bool = False, out_dim: int = 1):
+                 layer_norm: bool = False, out_dim: int = 1, shared_output: bool = False):
         super().__init__()
-        self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, out_dim, hidden, layer_norm=layer_norm)
+        self.net = EnsembleMLP(ensemble_size, obs_dim + act_dim, out_dim, hidden, layer_norm=layer_norm,
+                               shared_output=shared_output)
         self.ensemble_size, self.out_dim = ensemble_size, out_dim
         self.cpu_rows_per_pass = self.rows_per_pass(ensemble_size)
 

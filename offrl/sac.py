@@ -39,12 +39,13 @@ class SACAgent(Stateful):
                  critic_lr: float = 3e-4, alpha_lr: float = 3e-4, init_alpha: float = 1.0, autotune: bool = True,
                  target_entropy: float | None = None, gamma: float = 0.99, tau: float = 0.005, num_critics: int = 2,
                  layer_norm: bool = False, actor_layer_norm: bool = False, critic_subsample: int | None = None,
-                 backup_entropy: bool = True):
+                 backup_entropy: bool = True, shared_critic_output: bool = False):
         self.gamma, self.tau, self.autotune = gamma, tau, autotune
         self.critic_subsample, self.backup_entropy = critic_subsample, backup_entropy
         self.actor = TanhGaussianActor(obs_dim, act_dim, action_low, action_high, hidden,
                                        layer_norm=actor_layer_norm).to(device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, num_critics, hidden, layer_norm=layer_norm).to(device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, num_critics, hidden, layer_norm=layer_norm,
+                                     shared_output=shared_critic_output).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(init_alpha), device=device, requires_grad=autotune)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy

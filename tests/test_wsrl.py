@@ -181,6 +181,30 @@ def test_reference_optimizer_steps_add_the_references_momentum_only_steps(tiny):
     assert any(not torch.equal(a, b) for a, b in zip(out[False][3], out[True][3]))
 
 
+def test_shared_critic_output_as_the_references_code_builds_its_ensemble(tiny, tmp_path):
+    """--shared-critic-output: the 10 critics keep their own hidden layers and LayerNorms but share one output
+    layer (WSRL's ensemblize wraps only the hidden layers); a pre-training made so fine-tunes only so."""
+    out = tmp_path / "pre"
+    run_cli(PYTHON, "-m", "algos.cql", "--steps", "4", "--hidden", "32", "32", "--num-critics", "10",
+            "--critic-subsample", "2", "--layer-norm", "--actor-layer-norm", "--max-target-backup",
+            "--shared-critic-output", "--n-actions", "2", "--batch-size", "16", "--eval.every", "0", *QUIET,
+            "--run.out-dir", str(out))
+    (run_dir,) = out.glob("cql/*/*")
+    cfg = config(tmp_path, run_dir, shared_critic_output=True)
+    agent = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
+    head = agent.critic.net.net[-1]
+    assert isinstance(head, torch.nn.Linear) and head.weight.shape == (1, 32)  # one output layer for all 10
+    wsrl.load_pretrained(agent, str(run_dir), cfg)
+    saved = ckpt.load(run_dir / "checkpoints" / "last.pt")["objects"]["agent"]["critic"]
+    assert torch.equal(agent.critic.state_dict()["net.net.6.weight"], saved["net.net.6.weight"])
+    q = agent.critic(torch.zeros(3, 4), torch.zeros(3, 1))
+    assert q.shape == (10, 3) and len(set(q[:, 0].tolist())) == 10  # the members still differ (their hidden layers)
+    separate = config(tmp_path, run_dir)
+    with pytest.raises(CheckpointError, match="shared_critic_output"):
+        wsrl.load_pretrained(wsrl.WSRL(separate, load_for_training(cfg.dataset, cfg.data), torch.device("cpu")),
+                             str(run_dir), separate)
+
+
 def test_compiled_critics_take_the_eager_update(tiny):
     """--run.compile compiles the LayerNorm critics and their targets (the elementwise work fuses on the CPU):
     the same updates as eager up to float rounding; the state_dict keys stay those checkpoints hold."""
