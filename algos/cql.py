@@ -136,9 +136,11 @@ def mc_returns(dataset: Dataset, gamma: float, sparse_failure: float | None = No
     reward equals r_neg gets r_neg / (1 - gamma) on every row, as Cal-QL's and WSRL's code do: a failure that
     would go on forever, where the finite sum would shrink toward 0 on its last rows."""
     rewards, out = dataset.rewards.astype(np.float64).tolist(), [0.0] * len(dataset)
+    # the rewards are float32 (after any scale and bias): compare with r_neg rounded as they were
+    failure = None if sparse_failure is None else float(np.float32(sparse_failure))
     for start, end in zip(dataset.episode_starts.tolist(), dataset.episode_ends().tolist()):
-        if sparse_failure is not None and all(r == sparse_failure for r in rewards[start:end]):
-            out[start:end] = [sparse_failure / (1.0 - gamma)] * (end - start)
+        if failure is not None and all(r == failure for r in rewards[start:end]):
+            out[start:end] = [failure / (1.0 - gamma)] * (end - start)
             continue
         ret = 0.0
         for i in range(end - 1, start - 1, -1):

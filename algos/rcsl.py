@@ -44,6 +44,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import episode_timesteps, returns_to_go
+from offrl.errors import CheckpointError
 from offrl.eval_run import target_policies
 from offrl.nets import autocast, mlp
 from offrl.run import Run, cli_main
@@ -211,9 +212,13 @@ class RCSL:
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "generator": self.generator.get_state(), "best_loss": self.best_loss,
-                "best_state": self.best_state or {}, "checks_without_improvement": self.checks_without_improvement}
+                "best_state": self.best_state or {}, "checks_without_improvement": self.checks_without_improvement,
+                "head": "linear"}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("head") != "linear":
+            raise CheckpointError("an RCSL policy saved before its action head lost its tanh: this version computes "
+                                  "another policy from its weights, so it cannot resume or evaluate it; train it again")
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"].cpu())
@@ -246,7 +251,7 @@ def run_step(run: Run, agent: RCSL, step: int, rcsl_step: int, state: dict) -> b
 def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cpu", seed: int = 0,
                  normalizer: StateNormalizer | None = None, action_low=None, action_high=None) -> RCSLPolicy:
     """Train an RCSL policy on any dataset (e.g. model rollouts) with hold-out early stopping; returns
-    the best policy. `dataset` observations must already be normalized by `normalizer` (if any).
+    the best policy (the last one when nothing is held out). `dataset` observations must already be normalized by `normalizer` (if any).
     `cfg.run.precision` applies to the gradient steps as in `train`. `seed` fixes everything random:
     the network's initialization (drawn from a forked RNG, so the caller's global RNG is left as it
     was), the hold-out split and the batches; one seed gives one policy."""

@@ -658,10 +658,12 @@ def offrl_worker(args) -> dict:
     # what time_algorithm times: the module's benchmark_step when it has one, else ReplayBuffer.sample + Agent.update
     step = "benchmark_step" if hasattr(module, "benchmark_step") else "ReplayBuffer.sample + Agent.update"
     before, start = snapshot(), time.perf_counter()
-    result = time_algorithm(args.algo, device, args.warmup, args.steps // args.block, args.block, cfg=cfg, data=data)
+    try:
+        result = time_algorithm(args.algo, device, args.warmup, args.steps // args.block, args.block, cfg=cfg, data=data)
+    finally:
+        if args.compile:
+            shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     seconds, after = time.perf_counter() - start, snapshot()
-    if args.compile:
-        shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     return {"side": "offrl", "algo": args.algo, "threads": args.threads, "torch_threads": torch.get_num_threads(),
             "ms": result["median_ms"], "min_ms": result["min_ms"], "max_ms": result["max_ms"],
             "batch_size": result["batch_size"], "params": params, "compile": args.compile, "step": step,

@@ -45,7 +45,7 @@ from torch import nn
 from offrl import checkpoint as ckpt
 from offrl.errors import CheckpointError
 
-FORMAT = "offrl-behaviour-policy-v1"
+FORMAT = "offrl-behaviour-policy-v2"  # v1: the diffusion network read its condition through a Mish (not the reference's)
 
 
 @dataclass
@@ -299,9 +299,13 @@ class BehaviourTrainer:
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else {},
-                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(), "updates": self.updates}
+                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(), "updates": self.updates,
+                "format": FORMAT}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != FORMAT:
+            raise CheckpointError("a behaviour policy in training saved before its diffusion network's conditioning was "
+                                  "brought to the reference's: this version cannot resume it; start the run again")
         self.policy.load_state_dict(state["policy"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
@@ -319,6 +323,10 @@ def save(path: str | Path, policy: BehaviourPolicy, cfg: BehaviourConfig, info: 
 def load(path: str | Path, device: torch.device | str = "cpu") -> tuple[BehaviourPolicy, BehaviourConfig, dict]:
     """A policy file written by `save`: (policy on `device` in eval mode, its config, its info)."""
     state = ckpt.load(path)
+    if state.get("format") == "offrl-behaviour-policy-v1":
+        raise CheckpointError(f"{path}: a behaviour policy made before its diffusion network's conditioning was brought "
+                              "to the reference's (format v1): this version computes another network from it; train a "
+                              "new one")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an offrl behaviour-policy file (format {state.get('format')!r})")
     raw = dict(state["config"])

@@ -226,6 +226,9 @@ def edac_critic_init(critic: nn.Module) -> None:
     [in, out] weight slice, whose fan-in torch reads as `out`; for the first layer that is 1/16 where
     `nn.Linear`'s rule gives 1/sqrt(obs + act), 3-4x wider on the MuJoCo tasks."""
     layers = [m for m in critic.modules() if isinstance(m, EnsembleLinear)]
+    if not isinstance([m for m in critic.modules() if isinstance(m, (EnsembleLinear, nn.Linear))][-1], EnsembleLinear):
+        raise ValueError("edac_critic_init: this critic's members share their output layer; EDAC's init is for "
+                         "separate heads")
     with torch.no_grad():
         for layer in layers[:-1]:
             bound = 1.0 / math.sqrt(layer.out_dim)

@@ -11,7 +11,7 @@ import torch
 
 from algos.mbrcsl import Config, RolloutCollector, Rollouts, above_threshold, rollout_full, to_dataset
 from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
-from offrl import generative
+from offrl import checkpoint as ckpt, generative
 from offrl.data.sequences import returns_to_go
 from offrl.errors import CheckpointError
 from world_models.termination import never
@@ -170,6 +170,11 @@ def test_behaviour_policy_learns_a_two_mode_action_and_its_file_acts_alone(kind,
     assert loaded_cfg == cfg
     same = [p.sample(torch.zeros(8, 1), torch.Generator().manual_seed(2)) for p in (sampler, loaded)]
     assert torch.equal(same[0], same[1])
+    old = ckpt.load(path)
+    old["format"] = "offrl-behaviour-policy-v1"  # a file from before the conditioning lost its Mish
+    ckpt.save(tmp_path / "v1.pt", old)
+    with pytest.raises(CheckpointError, match="format v1"):
+        generative.load(tmp_path / "v1.pt")
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(CheckpointError):
         generative.load(path)

@@ -11,6 +11,7 @@ from algos.rcsl import Config as RCSLConfig, RCSLPolicy, train_policy
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import SequenceBuffer, episode_timesteps, returns_to_go
+from offrl.errors import CheckpointError
 
 from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 
@@ -234,8 +235,9 @@ def test_rcsl_train_policy_seed_fixes_the_policy_and_leaves_the_global_rng_alone
 
 def test_rcsl_without_a_holdout_trains_every_step_and_keeps_its_last_weights():
     """--holdout-ratio 0: no hold-out loss to stop on, so training runs all its steps and the policy is the last
-    weights (MBRCSL's trainer); it used to stop at the 6th check and return the first check's weights. The
-    output is unbounded (both references' linear heads): an action of +-1 is learned exactly, acting clips."""
+    weights (MBRCSL's trainer); it used to stop after `patience` checks and return the first check's weights.
+    The output is unbounded (both references' linear heads), acting clips it to the box; a checkpoint saved
+    with the old tanh head is refused."""
     from algos.rcsl import RCSL
     from offrl.data.preprocess import StateNormalizer
 
@@ -259,9 +261,14 @@ def test_rcsl_without_a_holdout_trains_every_step_and_keeps_its_last_weights():
     agent.restore_best()
     assert all(torch.equal(a, b) for a, b in zip(last, agent.policy.net.parameters()))
     inputs = agent.inputs[:8]
-    assert torch.allclose(agent.policy.distribution(inputs)[0], torch.ones(8, 1), atol=0.05)  # no tanh in the way
+    assert torch.equal(agent.policy.distribution(inputs)[0], agent.policy.net(inputs))  # no tanh in the way
+    assert torch.allclose(agent.policy.distribution(inputs)[0], torch.ones(8, 1), atol=0.05)
     action = agent.policy.act(torch.as_tensor(obs[:8]), torch.full((8,), 1e6), torch.zeros(8))
     assert action.abs().max() <= 1.0  # a far-out condition still acts inside the box
+    saved = agent.state_dict()
+    agent.load_state_dict(saved)
+    with pytest.raises(CheckpointError, match="before its action head lost its tanh"):
+        agent.load_state_dict({k: v for k, v in saved.items() if k != "head"})
 
 
 @pytest.mark.parametrize("algo, extra", [

@@ -345,6 +345,10 @@ def test_calql_bound_by_hand():
                      data.next_observations, data.terminals, data.timeouts, data.episode_starts)
     np.testing.assert_allclose(mc_returns(failed, 0.5, sparse_failure=-1.0), [-2, -2, -2, -1 + 0.5 * 0, 0])
     np.testing.assert_allclose(mc_returns(failed, 0.5), [-1 - 0.5 - 0.25, -1 - 0.5, -1, -1, 0])
+    # rewards after a transform are float32: r_neg = -1 * 1.0 + 0.1 matches the flag -0.9, not only exact values
+    shifted = Dataset(data.observations, data.actions, np.array([-0.9, -0.9, -0.9, -0.9, 0], np.float32),
+                      data.next_observations, data.terminals, data.timeouts, data.episode_starts)
+    assert mc_returns(shifted, 0.5, sparse_failure=-1 * 1.0 + 0.1)[0] == pytest.approx(-1.8)
     # max(Q, V) per state, for every critic and sampled action; the gradient reaches Q only above the bound
     q = torch.tensor([[[0.0, 5.0], [3.0, 1.0]]], requires_grad=True)  # [E=1, B=2, N=2]
     bounded = calql_bound(q, torch.tensor([1.0, 2.0]))
