@@ -422,7 +422,7 @@ def train(cfg: Config) -> dict:
     target = agent.target_return
     run.evaluate(step, agent.policy.actor(target), data.metadata, force=True)
     return run.finish({**collector.summary(), "target_return": target, "model_file": model_file,
-                       "rcsl_steps": step - behaviour_steps, "best_holdout_loss": agent.best_loss if len(agent.holdout) else None})
+                       "rcsl_steps": step - behaviour_steps, "best_holdout_loss": agent.best_holdout_loss})
 
 
 if __name__ == "__main__":

@@ -205,6 +205,11 @@ class RCSL:
             self.checks_without_improvement += 1
         return self.checks_without_improvement >= self.cfg.patience
 
+    @property
+    def best_holdout_loss(self) -> float | None:
+        """The best hold-out loss so far; None without a hold-out."""
+        return self.best_loss if len(self.holdout) else None
+
     def restore_best(self) -> None:
         if self.best_state is not None:
             self.policy.net.load_state_dict(self.best_state)
@@ -240,8 +245,8 @@ def run_step(run: Run, agent: RCSL, step: int, rcsl_step: int, state: dict) -> b
     run.log(step, metrics)
     if rcsl_step % agent.cfg.holdout_every == 0:
         stop = agent.check()
-        if len(agent.holdout):
-            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_loss})
+        if agent.best_holdout_loss is not None:
+            run.log_values(step, {"holdout_loss": agent.last_holdout, "best_holdout_loss": agent.best_holdout_loss})
         run.checkpoint(step, state, force=True)
         return stop
     run.checkpoint(step, state)
@@ -304,7 +309,7 @@ def train(cfg: Config) -> dict:
         per_target[f"{policy.target:g}"] = summary.get(f"{name}/normalized_score")
     for target, score in per_target.items():
         print(f"target return {target}: normalized score {score:.1f}" if score is not None else f"target {target}: -")
-    return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_loss if len(agent.holdout) else None,
+    return run.finish({"stopped_at_step": step, "best_holdout_loss": agent.best_holdout_loss,
                        "score_per_target": per_target})
 
 
