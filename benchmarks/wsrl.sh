@@ -14,8 +14,9 @@
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
 # path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
-# same whichever subset they were started in, so a later call with all seeds skips them. DRY_RUN=1 prints the
-# commands instead of running them. Resumable: rerun after an interruption.
+# same whichever subset they were started in, so a later call with all seeds skips them. STAGE=pre stops after the
+# pre-training (to pre-train one seed while another fine-tunes). DRY_RUN=1 prints the commands instead of running
+# them. Resumable: rerun after an interruption.
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -32,6 +33,8 @@ common=${COMMON:-}
 ds=${DATASET:-offrl/hopper/medium-v0}
 results=${RESULTS:-results/wsrl-hopper-medium}
 dry=${DRY_RUN:-0}
+stage=${STAGE:-all}
+case $stage in pre|all) ;; *) echo "STAGE is 'pre' or 'all', not '$stage'" >&2; exit 2 ;; esac
 run() {  # run a command, or with DRY_RUN=1 print it
   if [ "$dry" = 1 ]; then echo "$(quoted "$@")"; else "$@"; fi
 }
@@ -48,6 +51,7 @@ online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --dataset
         --variant "no-warmup=wsrl --checkpoint $checkpoint --warmup-steps 0"
         --variant "scratch=wsrl --checkpoint none --warmup-steps $warmup")
 run "${pre[@]}"
+[ "$stage" = pre ] && exit 0
 run "${online[@]}"
 run python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
   --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, ${#seeds[@]} seed$([ ${#seeds[@]} = 1 ] || echo s)" \
