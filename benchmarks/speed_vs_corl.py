@@ -44,7 +44,9 @@ more for its FLOP count, then --steps steps in blocks of --block. Both sides use
 median over blocks of --block consecutive steps of the mean time per step (an even block averages TD3+BC's
 actor-every-2nd-step pattern); CORL's plain per-step median (TD3+BC: the median of the means of 2-step
 pairs) is reported beside it. Ratio = offrl / CORL of the medians over rounds (< 1: offrl is faster); the per-round
-ratios are listed too. Each measurement records how many cores other processes used meanwhile
+ratios are listed too. Each side's update FLOPs are counted too (torch's FlopCounterMode, untimed: CORL's 2nd
+and 3rd `trainer.train` calls, offrl's two extra steps): their ratio is the time ratio at equal GFLOP/s, the
+floor a goal is measured against. Each measurement records how many cores other processes used meanwhile
 (/proc/stat, less the measuring process); values above 0.15 are flagged in the table.
 
 Sizes. CORL's hopper configs: batch 256 everywhere; IQL deterministic actor (`iql_deterministic: true`),
@@ -258,6 +260,8 @@ def summarize(measurements: list[dict]) -> list[dict]:
             row["other_cores"].append(m["other_cores"])
         if m.get("params"):
             row["params"][m["side"]] = m["params"]
+        if m.get("gflop") is not None:
+            row.setdefault("gflop", {})[m["side"]] = m["gflop"]  # the same in every round
         if m["side"] == "offrl" and m.get("warmup_s") is not None:
             row.setdefault("offrl_warmup_s", {})[m["round"]] = m["warmup_s"]
         if m["side"] == "corl" and m.get("corl_step_median_ms") is not None:
@@ -280,9 +284,13 @@ def summarize(measurements: list[dict]) -> list[dict]:
             "offrl_warmup_s": (statistics.median(row["offrl_warmup_s"][r] for r in rounds)
                                if set(rounds) <= set(row.get("offrl_warmup_s", {})) else None),
             "goal": GOALS.get(algo), "max_other_cores": max(row["other_cores"], default=None),
-            "params": row["params"],
+            "params": row["params"], "gflop": row.get("gflop", {}),
         })
     return rows
+
+
+def _gflop(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{x:.3f}"
 
 
 def _ms(x: float) -> str:
@@ -326,15 +334,24 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
             f"{_ms(r['corl_step_median_ms']) if r['corl_step_median_ms'] is not None else '-'} |"
             + (f" {r['offrl_warmup_s']:.1f} |" if r.get("offrl_warmup_s") is not None else " - |" if compiled else ""))
     lines += ["", "Sizes (CORL's hopper-medium-v2 configs; offrl's side set to them where its defaults differ). "
-              "Trained parameters = the parameters in each side's optimizers.", "",
-              "| algorithm | batch | networks | offrl options set to CORL's | trained parameters CORL / offrl |",
-              "|---|---|---|---|---|"]
+              "Trained parameters = the parameters in each side's optimizers. GFLOP/update: each side's update "
+              "counted by torch's FlopCounterMode (matmuls, forward and backward; CORL: the mean of its 2nd and 3rd "
+              "`trainer.train` calls, offrl: of two updates, both untimed). *FLOPs offrl / CORL* is the time ratio "
+              "the two would have at the same GFLOP/s: a goal below it needs offrl's update to run at a higher "
+              "share of the machine's matmul rate than CORL's.", "",
+              "| algorithm | batch | networks | offrl options set to CORL's | trained parameters CORL / offrl "
+              "| GFLOP/update CORL / offrl | FLOPs offrl / CORL |",
+              "|---|---|---|---|---|---|---|"]
     for algo in dict.fromkeys(r["algo"] for r in rows):
         params = next((r["params"] for r in rows if r["algo"] == algo and r["params"]), {})
+        gflop = next((r["gflop"] for r in rows if r["algo"] == algo and r.get("gflop")), {})
         overrides = " ".join(f"`--{k.replace('_', '-')} {v}`" for k, v in OFFRL_OVERRIDES.get(algo, {}).items())
+        flop_ratio = f"{gflop['offrl'] / gflop['corl']:.3f}" if gflop.get("corl") and gflop.get("offrl") else "-"
         lines.append(f"| {NAMES.get(algo, algo)} | {meta.get('batch', {}).get(algo, 256)} | {NETWORKS.get(algo, '')} | "
                      f"{overrides or 'none (defaults match)'} | "
-                     f"{params.get('corl', '-')} / {params.get('offrl', '-')} |")
+                     f"{params.get('corl', '-')} / {params.get('offrl', '-')} | "
+                     f"{_gflop(gflop.get('corl'))} / {_gflop(gflop.get('offrl'))} | "
+                     f"{flop_ratio} |")
     flagged = [r for r in rows if r["max_other_cores"] is not None and r["max_other_cores"] > OTHER_CORES_FLAG]
     lines += ["", "Other processes' CPU during the measurements (cores, /proc/stat less the measuring process): "
               + ("at most " + ", ".join(f"{NAMES.get(r['algo'], r['algo'])} {r['threads']} thread(s) "
@@ -551,6 +568,27 @@ class _WandbProxy:
         return getattr(self._real, name)
 
 
+def count_flops_of_calls(cls: type, name: str, counted: list[int], flops: list[int], instances: list) -> None:
+    """Wrap the method `cls.name`: the calls numbered in `counted` (1-based) run under torch's FlopCounterMode and
+    append their FLOPs to `flops`; the first call's `self` is appended to `instances`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    original, calls = getattr(cls, name), [0]
+
+    def wrapper(self, *a, **k):
+        if not instances:
+            instances.append(self)
+        calls[0] += 1
+        if calls[0] not in counted:
+            return original(self, *a, **k)
+        with FlopCounterMode(display=False) as counter:
+            out = original(self, *a, **k)
+        flops.append(counter.get_total_flops())
+        return out
+
+    setattr(cls, name, wrapper)
+
+
 def corl_worker(args) -> dict:
     """One CORL measurement in this process: CORL's train() until warmup + steps steps are timed."""
     corl_dir = Path(args.corl_dir).resolve()
@@ -584,15 +622,8 @@ def corl_worker(args) -> dict:
     proxy = _WandbProxy(wandb, total, args.warmup)
     mod.wandb = proxy
     trainers = []
-    cls = getattr(mod, trainer_class)
-    original_train = cls.train
-
-    def train(self, *a, **k):
-        if not trainers:
-            trainers.append(self)
-        return original_train(self, *a, **k)
-
-    cls.train = train
+    flops: list[int] = []  # of the 2nd and 3rd updates, in the untimed warm-up (TD3+BC: one with an actor step)
+    count_flops_of_calls(getattr(mod, trainer_class), "train", [c for c in (2, 3) if c <= args.warmup], flops, trainers)
     train_fn = getattr(mod.train, "__wrapped__", mod.train)
     try:
         train_fn(config)
@@ -614,6 +645,7 @@ def corl_worker(args) -> dict:
             "ms": block_median_ms(timed, args.block), "corl_step_median_ms": step_median,
             "mean_ms": 1000 * statistics.fmean(timed), "batch_size": config.batch_size,
             "params": trained_parameters(trainers[0]) if trainers else None,
+            "gflop": sum(flops) / len(flops) / 1e9 if len(flops) == 2 else None,
             "other_cores": other_cores(proxy.window[0], proxy.window[1], window),
             "module": str(module_path.relative_to(corl_dir)), "config": str(yaml_path.relative_to(corl_dir)),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
@@ -667,7 +699,7 @@ def offrl_worker(args) -> dict:
     return {"side": "offrl", "algo": args.algo, "threads": args.threads, "torch_threads": torch.get_num_threads(),
             "ms": result["median_ms"], "min_ms": result["min_ms"], "max_ms": result["max_ms"],
             "batch_size": result["batch_size"], "params": params, "compile": args.compile, "step": step,
-            "warmup_s": result["warmup_s"],
+            "warmup_s": result["warmup_s"], "gflop": result["gflop_per_update"],
             "overrides": OFFRL_OVERRIDES.get(args.algo, {}), "other_cores": other_cores(before, after, seconds),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}}
 

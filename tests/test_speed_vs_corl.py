@@ -21,9 +21,9 @@ def hand_made():
     out = []
     for algo, threads, rnd, corl, offrl in ms:
         out.append(measurement("corl", algo, threads, rnd, corl, corl_step_median_ms=corl - 1, other_cores=0.01,
-                               params=100))
+                               params=100, gflop=0.5 if algo == "iql" else None))
         out.append(measurement("offrl", algo, threads, rnd, offrl, other_cores=0.2 if algo == "bc" else 0.0,
-                               params=98))
+                               params=98, gflop=0.55 if algo == "iql" else 0.1))
     return out
 
 
@@ -62,6 +62,9 @@ def test_markdown_states_ratio_goal_commit_command_and_hardware():
     bc1 = next(line for line in lines if line.startswith("| BC | 1 |"))
     assert "**1.000** | ≤ 1.00 ✓" in bc1
     assert "| IQL | 256 |" in text and "`--actor deterministic`" in text and "100 / 98" in text
+    # each side's counted FLOPs, and their ratio: the time ratio at equal GFLOP/s
+    assert next(line for line in lines if line.startswith("| IQL | 256 |")).endswith("| 100 / 98 | 0.500 / 0.550 | 1.100 |")
+    assert next(line for line in lines if line.startswith("| BC | 256 |")).endswith("| 100 / 98 | - / 0.100 | - |")
     assert "BC 1 thread(s) 0.20" in text and "disturbed" in text  # other processes' CPU above 0.15 is flagged
 
 
@@ -101,6 +104,23 @@ def test_a_waited_for_childs_cpu_counts_as_the_measuring_processs_own():
     assert child.returncode == 0 and time.process_time() - start < 0.2  # this process itself only waited
     mine = after["procs"][os.getpid()][1] - before["procs"][os.getpid()][1]
     assert mine >= 0.3 * os.sysconf("SC_CLK_TCK")
+
+
+def test_flops_are_counted_on_the_chosen_calls_only():
+    """CORL's side counts the FLOPs of its trainer's 2nd and 3rd `train` calls (untimed warm-up): the wrapper
+    counts those calls' matmuls and leaves the others alone."""
+    import torch
+
+    class Trainer:
+        def train(self, rows):
+            return torch.ones(rows, 4) @ torch.ones(4, 8)  # 2 * rows * 4 * 8 FLOPs
+
+    flops, instances = [], []
+    svc.count_flops_of_calls(Trainer, "train", [2, 3], flops, instances)
+    trainer = Trainer()
+    outputs = [trainer.train(rows) for rows in (1, 2, 3, 4)]
+    assert flops == [2 * 2 * 4 * 8, 2 * 3 * 4 * 8] and instances == [trainer]
+    assert [o.shape[0] for o in outputs] == [1, 2, 3, 4] and torch.equal(outputs[2], torch.full((3, 8), 4.0))
 
 
 def test_block_median_is_the_median_of_block_means_in_ms():
