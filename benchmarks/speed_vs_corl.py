@@ -332,7 +332,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
             f"**{r['ratio']:.3f}** | {met} | {', '.join(f'{x:.3f}' for x in r['round_ratios'])} | "
             f"{', '.join(_ms(x) for x in r['corl_round_ms'])} | {', '.join(_ms(x) for x in r['offrl_round_ms'])} | "
             f"{_ms(r['corl_step_median_ms']) if r['corl_step_median_ms'] is not None else '-'} |"
-            + (f" {r['offrl_warmup_s']:.1f} |" if r.get("offrl_warmup_s") is not None else " - |" if compiled else ""))
+            + ((f" {r['offrl_warmup_s']:.1f} |" if r.get("offrl_warmup_s") is not None else " - |") if compiled else ""))
     lines += ["", "Sizes (CORL's hopper-medium-v2 configs; offrl's side set to them where its defaults differ). "
               "Trained parameters = the parameters in each side's optimizers. GFLOP/update: each side's update "
               "counted by torch's FlopCounterMode (matmuls, forward and backward; CORL: the mean of its 2nd and 3rd "
