@@ -32,13 +32,18 @@ policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gam
 normalizes states. CORL differs in three places, each one flag away: `--cql-alpha 10 --actor-lr 3e-5
 --data.normalize-states` (std + 1e-3). WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
 `--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
-(250k steps; with `--run.compile` a step took 0.89 s instead of 1.08 s at one thread on a 2-core Xeon, where
-the 10 LayerNorm critics' elementwise work is about half of it); algos/wsrl.py fine-tunes its checkpoint. With `--critic-subsample k` the target's min and the
-conservative penalty each use k critics drawn at random every step (with replacement, as WSRL draws them), the
-penalty of a drawn critic weighted E/k so each critic's expected weight is cql_alpha; the TD term trains all E.
+(250k steps; a step took ~175 ms at one thread on a 2-core AMD EPYC, float32, eager); algos/wsrl.py fine-tunes its
+checkpoint. With `--critic-subsample k` the target's min and the conservative penalty each use k critics drawn
+at random every step (with replacement, as WSRL draws them), the penalty of a drawn critic weighted E/k so each
+critic's expected weight is cql_alpha; the TD term trains all E. Only the drawn critics see the 3N sampled
+actions: the reference evaluates all E on them and discards all but the drawn k, whose loss and gradients these
+are (tests/test_wsrl.py checks them against the all-critics formula) at a quarter of the critic work for 2 of
+10 (8.9 instead of 34.0 GFLOP a step; ~175 ms instead of ~690 ms on that EPYC). The logged cql_gap, q_pi and
+calql_bound_rate are then the drawn critics' (as the reference logs them).
 
 Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,
-uniform, pi(s), pi(s') actions) is one forward pass; actor and critic losses are both computed
+uniform, pi(s), pi(s') actions) is one forward pass (two with --critic-subsample: all critics on the data, the
+drawn ones on the sampled actions); actor and critic losses are both computed
 with the networks as they were before the step (as rlkit does); the uniform proposal's density
 uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. Cal-QL: the reference's
 return-to-go of a sparse-reward trajectory that never succeeds (AntMaze, Adroit-binary: every row gets
@@ -58,13 +63,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from offrl.checkpoint import Stateful
 from offrl.config import TrainConfig
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
-from offrl.losses import subsampled_critic_min
+from offrl.losses import draw_members, subsampled_critic_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
 from offrl.optim import adam
 from offrl.run import Run, cli_main
@@ -90,7 +94,8 @@ class Config(TrainConfig):
     """The critics share one output layer, as in WSRL's JAX code (its paper describes independent critics)."""
     critic_subsample: int | None = None
     """Take the target's min, and apply the penalty, over this many critics drawn at random each step (REDQ;
-    WSRL pre-trains with 2 of 10); default: all critics."""
+    WSRL pre-trains with 2 of 10); default: all critics. Only the drawn critics are evaluated on the sampled
+    actions."""
     calql: bool = False
     """Cal-QL: bound the policy actions' Q-values in the penalty below by the dataset's Monte-Carlo return-to-go.
     Only the bound (and --lagrange-init's default): Cal-QL's code also backs up the max over sampled next
@@ -230,20 +235,27 @@ class CQL(Stateful):
             uniform = self.action_low + self.action_range * torch.rand(B * n, self.action_range.numel(), device=obs_rep.device)
             pi_actions, log_pi = self.actor(batch.observations, repeat=n)
             next_pi_actions, log_next_pi = self.actor(batch.next_observations, repeat=n)
-        # One ensemble forward for every Q the loss needs: data, uniform, pi(s) and pi(s') actions at s.
-        all_obs = torch.cat([batch.observations, obs_rep, obs_rep, obs_rep])
-        all_actions = torch.cat([batch.actions, uniform, pi_actions, next_pi_actions])
-        q_all = self.critic(all_obs, all_actions)
-        q_data = q_all[:, :B]
-        q_uniform, q_pi, q_next_pi = q_all[:, B:].reshape(q_all.shape[0], 3, B, n).unbind(dim=1)
+        if k is None:  # one ensemble forward for every Q the loss needs: data, uniform, pi(s) and pi(s') actions at s
+            all_obs = torch.cat([batch.observations, obs_rep, obs_rep, obs_rep])
+            all_actions = torch.cat([batch.actions, uniform, pi_actions, next_pi_actions])
+            q_all = self.critic(all_obs, all_actions)
+            q_data = q_all[:, :B]
+            q_sampled, q_penalized_data = q_all[:, B:], q_data
+        else:  # every critic on the data (the TD term trains all E), only the k drawn ones on the sampled actions
+            drawn = draw_members(cfg.num_critics, k, obs_rep.device)
+            q_data = self.critic(batch.observations, batch.actions)
+            q_sampled = self.critic(torch.cat([obs_rep, obs_rep, obs_rep]),
+                                    torch.cat([uniform, pi_actions, next_pi_actions]), members=drawn)
+            q_penalized_data = q_data.index_select(0, drawn)
+        q_uniform, q_pi, q_next_pi = q_sampled.reshape(q_sampled.shape[0], 3, B, n).unbind(dim=1)
         td_loss = ((q_data - target) ** 2).mean(dim=1)
         extra = {"q_pi": q_pi.detach().mean()}
         if lower_bound is not None:
             below = torch.cat([q_pi, q_next_pi], dim=-1).detach() < lower_bound[:, None]
             extra["calql_bound_rate"] = below.float().mean()
             q_pi, q_next_pi = calql_bound(q_pi, lower_bound), calql_bound(q_next_pi, lower_bound)
-        gap = cql_gap(q_data, q_uniform, q_pi, q_next_pi, self.log_uniform, log_pi.view(B, n),
-                      log_next_pi.view(B, n), cfg.temperature)
+        gap = cql_gap(q_penalized_data, q_uniform, q_pi, q_next_pi, self.log_uniform, log_pi.view(B, n),
+                      log_next_pi.view(B, n), cfg.temperature)  # [E], or [k]: the drawn critics'
         if cfg.lagrange:
             multiplier = self.log_lagrange.exp().clamp(0.0, 1e6)
             penalty = multiplier.detach() * cfg.cql_alpha * (gap - cfg.target_gap)
@@ -252,11 +264,9 @@ class CQL(Stateful):
             penalty = cfg.cql_alpha * gap
             lagrange_terms = torch.zeros_like(gap)
         if k is not None:  # the penalty of k critics drawn at random, each weighted E / k
-            E = gap.shape[0]
-            drawn = F.one_hot(torch.randint(E, (k,), device=gap.device), E).sum(0).to(gap.dtype) * (E / k)
-            penalty, lagrange_terms = penalty * drawn, lagrange_terms * drawn
+            penalty, lagrange_terms = penalty * (cfg.num_critics / k), lagrange_terms * (cfg.num_critics / k)
         lagrange_loss = -0.5 * lagrange_terms.sum() if cfg.lagrange else torch.zeros((), device=gap.device)
-        loss = (td_loss + penalty).sum()
+        loss = td_loss.sum() + penalty.sum()
         return loss, {"critic_loss": loss.detach(), "td_loss": td_loss.detach().mean(), "cql_gap": gap.detach().mean(),
                       "q_data": q_data.detach().mean(), **extra, "lagrange_loss": lagrange_loss}
 

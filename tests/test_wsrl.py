@@ -396,6 +396,63 @@ def test_calql_in_the_cql_critic_loss(tiny):
     assert torch.isfinite(metrics["critic_loss"]) and 0 <= metrics["calql_bound_rate"].item() <= 1
 
 
+@pytest.mark.parametrize("options", [{}, {"calql": True, "lagrange": True}])
+def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critics_result(tiny, options):
+    """With --critic-subsample k the penalty's sampled actions go through the k drawn critics only, not all E (the
+    reference evaluates all E and discards the rest): the loss, the Lagrange loss and every gradient equal the
+    all-critics formula with the same draw, each drawn critic's penalty weighted E / k, a repeated draw twice."""
+    cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, num_critics=5, critic_subsample=2, **options)
+    data = load_for_training(tiny, cfg.data)
+    agent = CQL(cfg, data, torch.device("cpu"))
+    batch = data.buffer("cpu", seed=0).sample(32)
+    lower = torch.zeros(32) if cfg.calql else None
+    B, n, E, k = 32, 3, 5, 2
+
+    def all_critics_loss():  # every critic on every row; the drawn ones' penalties as weights on all E
+        obs_rep = batch.observations.repeat_interleave(n, dim=0)
+        with torch.no_grad():
+            next_obs_rep = batch.next_observations.repeat_interleave(n, dim=0)
+            next_actions, _ = agent.actor(batch.next_observations, repeat=n)
+            next_q = subsampled_critic_min(agent.critic_target, next_obs_rep, next_actions, k).view(B, n)
+            target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q.max(dim=1).values
+            uniform = agent.action_low + agent.action_range * torch.rand(B * n, agent.action_range.numel())
+            pi_actions, log_pi = agent.actor(batch.observations, repeat=n)
+            next_pi_actions, log_next_pi = agent.actor(batch.next_observations, repeat=n)
+        drawn = torch.randint(E, (k,))
+        q_all = agent.critic(torch.cat([batch.observations, obs_rep, obs_rep, obs_rep]),
+                             torch.cat([batch.actions, uniform, pi_actions, next_pi_actions]))
+        q_data = q_all[:, :B]
+        q_uniform, q_pi, q_next_pi = q_all[:, B:].reshape(E, 3, B, n).unbind(dim=1)
+        if lower is not None:
+            q_pi, q_next_pi = calql_bound(q_pi, lower), calql_bound(q_next_pi, lower)
+        gap = cql_gap(q_data, q_uniform, q_pi, q_next_pi, agent.log_uniform, log_pi.view(B, n),
+                      log_next_pi.view(B, n))
+        weights = torch.nn.functional.one_hot(drawn, E).sum(0).float() * (E / k)
+        multiplier = agent.log_lagrange.exp().clamp(0.0, 1e6) if cfg.lagrange else 1.0
+        penalty = (multiplier.detach() if cfg.lagrange else 1.0) * cfg.cql_alpha * (gap - cfg.target_gap * cfg.lagrange)
+        loss = (((q_data - target) ** 2).mean(dim=1) + penalty * weights).sum()
+        lagrange = -0.5 * (multiplier * cfg.cql_alpha * (gap.detach() - cfg.target_gap) * weights).sum() \
+            if cfg.lagrange else torch.zeros(())
+        return loss, lagrange, drawn
+
+    cfg.max_target_backup = True
+    for seed in range(4):  # seeds 0..3 draw distinct and repeated pairs of the 5 critics
+        results = []
+        for compute in (lambda: agent.critic_loss(batch, lower), all_critics_loss):
+            torch.manual_seed(seed)
+            out = compute()
+            loss, lagrange = (out[0], out[1]["lagrange_loss"]) if isinstance(out[1], dict) else out[:2]
+            params = list(agent.critic.parameters()) + [agent.log_lagrange]
+            grads = torch.autograd.grad(loss + lagrange, params, allow_unused=True)
+            results.append((loss.detach(), lagrange.detach(), [g if g is not None else torch.zeros_like(p)
+                                                               for g, p in zip(grads, params)]))
+        (loss, lagrange, grads), (loss_all, lagrange_all, grads_all) = results
+        assert loss.item() == pytest.approx(loss_all.item(), rel=1e-5)
+        assert lagrange.item() == pytest.approx(lagrange_all.item(), rel=1e-5, abs=1e-6)
+        for g, g_all in zip(grads, grads_all):
+            torch.testing.assert_close(g, g_all, rtol=1e-4, atol=1e-5)
+
+
 def test_subsampled_target_without_entropy_backup():
     """SACAgent's WSRL options: y = r + gamma (1 - d) min over 2 critics drawn at random, no -alpha log pi."""
     values = torch.arange(12.0).view(4, 3).flip(0)  # member i's values are 9 - 3 i, ..
