@@ -3,13 +3,13 @@
 # (10 LayerNorm critics, a 2-of-10 target, max-target backup), then four online variants from the same
 # checkpoints, same env-step budget and seeds: WSRL (warm-up, no offline data), retaining the offline data
 # (ratio 0.5), no warm-up, and SAC from scratch. Learning curves (PNG) and a table into results/.
-# The paper runs 250k offline and 500k online steps. On a 2-core AVX-512 Xeon at one thread (a 1-thread job on the
-# other core), a pre-training step (10 LayerNorm critics, CQL's 31 x 256 rows each) took ~1.08 s, 0.89 s with
-# --run.compile, and an online update (batch 1024, UTD 4) ~163 ms, ~140 ms with --run.compile. On a 2-core AMD EPYC
-# with AVX512-BF16 (one thread, the other core idle): a pre-training step 665 ms, 417 ms under --run.precision bf16,
-# ~300 ms with bf16 and --run.compile (140 s to compile and take the first 3 steps; beside a 1-thread job); an
-# online update 153 ms, 104 ms in bf16 (COMMON="--run.precision bf16 --run.compile" there). Time yours with `python
-# -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
+# The paper runs 250k offline and 500k online steps. On a 2-core AMD EPYC with AVX512-BF16 at one thread, a
+# pre-training step (10 LayerNorm critics on the data, the 2 drawn ones on CQL's 30 x 256 sampled actions) took
+# ~175 ms in float32 with the other core idle, and 171 ms a step over 1000 steps with evaluation under
+# --run.precision bf16 --run.compile beside a 1-thread job; an online update (batch 1024) 153 ms, 104 ms in bf16
+# (COMMON="--run.precision bf16 --run.compile" there). On a 2-core AVX-512 Xeon (a 1-thread job on the other
+# core) an online update took ~163 ms, ~140 ms with --run.compile. Time yours with `python -m benchmarks.speed
+# --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
 # fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
