@@ -35,10 +35,10 @@ normalizes states. CORL differs in three places, each one flag away: `--cql-alph
 (250k steps; a step took ~175 ms at one thread on a 2-core AMD EPYC, float32, eager); algos/wsrl.py fine-tunes its
 checkpoint. With `--critic-subsample k` the target's min and the conservative penalty each use k critics drawn
 at random every step (with replacement, as WSRL draws them), the penalty of a drawn critic weighted E/k so each
-critic's expected weight is cql_alpha; the TD term trains all E. Only the drawn critics see the 3N sampled
-actions: the reference evaluates all E on them and discards all but the drawn k, whose loss and gradients these
-are (tests/test_wsrl.py checks them against the all-critics formula) at a quarter of the critic work for 2 of
-10 (8.9 instead of 34.0 GFLOP a step; ~175 ms instead of ~690 ms on that EPYC). The logged cql_gap, q_pi and
+critic's expected weight is cql_alpha; the TD term trains all E. Only the drawn critics are evaluated on the 3N
+sampled actions: the reference evaluates all E on them and keeps the drawn k. The loss and gradients are the same
+(tests/test_wsrl.py checks them against the all-critics formula) for a quarter of the critic work at 2 of 10
+(8.9 instead of 34.0 GFLOP a step; ~175 ms instead of ~690 ms on that EPYC). The logged cql_gap, q_pi and
 calql_bound_rate are then the drawn critics' (as the reference logs them).
 
 Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,

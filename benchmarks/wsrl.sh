@@ -6,9 +6,10 @@
 # The paper runs 250k offline and 500k online steps. On a 2-core AMD EPYC with AVX512-BF16 at one thread, a
 # pre-training step (10 LayerNorm critics on the data, the 2 drawn ones on CQL's 30 x 256 sampled actions) took
 # ~175 ms in float32 with the other core idle, and 171 ms a step over 1000 steps with evaluation under
-# --run.precision bf16 --run.compile beside a 1-thread job; an online update (batch 1024) 153 ms, 104 ms in bf16
+# --run.precision bf16 --run.compile beside a 1-thread job; an online env step's update (batch 1024, UTD 4: four
+# critic steps, one actor step) 153 ms, 104 ms in bf16
 # (COMMON="--run.precision bf16 --run.compile" there). On a 2-core AVX-512 Xeon (a 1-thread job on the other
-# core) an online update took ~163 ms, ~140 ms with --run.compile. Time yours with `python -m benchmarks.speed
+# core) that update took ~163 ms, ~140 ms with --run.compile. Time yours with `python -m benchmarks.speed
 # --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
 # fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
