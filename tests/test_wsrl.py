@@ -401,7 +401,8 @@ def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critic
     """With --critic-subsample k the penalty's sampled actions go through the k drawn critics only, not all E (the
     reference evaluates all E and discards the rest): the loss, the Lagrange loss and every gradient equal the
     all-critics formula with the same draw, each drawn critic's penalty weighted E / k, a repeated draw twice."""
-    cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, num_critics=5, critic_subsample=2, **options)
+    cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, num_critics=5, critic_subsample=2,
+                    max_target_backup=True, **options)
     data = load_for_training(tiny, cfg.data)
     agent = CQL(cfg, data, torch.device("cpu"))
     batch = data.buffer("cpu", seed=0).sample(32)
@@ -435,7 +436,6 @@ def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critic
             if cfg.lagrange else torch.zeros(())
         return loss, lagrange, drawn
 
-    cfg.max_target_backup = True
     for seed in range(4):  # seeds 0..3 draw distinct and repeated pairs of the 5 critics
         results = []
         for compute in (lambda: agent.critic_loss(batch, lower), all_critics_loss):
