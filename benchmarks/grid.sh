@@ -42,7 +42,10 @@
 # precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
 # On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
 # 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
-# BC run took 4.5 min), so the fast class takes 1.5-2x its hours below there.
+# BC run took 4.5 min), so the fast class takes 1.5-2x its hours there in fp32. Under bf16 it is the other
+# way: from results/speed-bf16.md's one-thread bf16 figures there (ms: BC 0.93, TD3+BC 3.36, IQL 4.50, RIQL
+# 7.47, RCSL 7.34, CQL 71.5, DT 87.1), BF16="bc td3_bc iql riql rcsl cql dt" makes the fast class about 19.5
+# core-hours and the slow one about 13 (same formula as the table above).
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
 # in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and ~0.12 s per online env step once updates
