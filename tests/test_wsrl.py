@@ -396,11 +396,13 @@ def test_calql_in_the_cql_critic_loss(tiny):
     assert torch.isfinite(metrics["critic_loss"]) and 0 <= metrics["calql_bound_rate"].item() <= 1
 
 
-@pytest.mark.parametrize("options", [{}, {"calql": True, "lagrange": True}])
+@pytest.mark.parametrize("options", [{}, {"calql": True, "lagrange": True},
+                                     {"shared_critic_output": True, "layer_norm": True}])
 def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critics_result(tiny, options):
     """With --critic-subsample k the penalty's sampled actions go through the k drawn critics only, not all E (the
     reference evaluates all E and discards the rest): the loss, the Lagrange loss and every gradient equal the
-    all-critics formula with the same draw, each drawn critic's penalty weighted E / k, a repeated draw twice."""
+    all-critics formula with the same draw, each drawn critic's penalty weighted E / k, a repeated draw twice.
+    With WSRL's shared output layer the drawn members' activations go through the one shared head."""
     cfg = CQLConfig(dataset=tiny, hidden=(16, 16), n_actions=3, num_critics=5, critic_subsample=2,
                     max_target_backup=True, **options)
     data = load_for_training(tiny, cfg.data)
