@@ -14,6 +14,7 @@ computes a 1-unit output without a batched product, and hidden ReLUs run in plac
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import partial
 from typing import Sequence
 
@@ -400,6 +401,23 @@ class GaussianActor(_ActionScaling):
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self(obs)
+
+
+@contextmanager
+def frozen(*modules: nn.Module):
+    """The modules' parameters stop requiring gradients inside the block, so a loss that flows through them
+    (an actor's loss through the critics) records no gradient for their weights. Eager autograd already skips
+    those with `backward(inputs=...)`, but a torch.compile'd module's backward graph computes every gradient
+    its forward was compiled for: WSRL's actor step spent about 40% of its time on the 10 critics' unused
+    weight gradients (bf16, --run.compile, one CPU thread)."""
+    params = [p for module in modules for p in module.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
 
 
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:

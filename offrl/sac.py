@@ -27,7 +27,7 @@ import torch
 from offrl.checkpoint import Stateful
 from offrl.data import Batch
 from offrl.losses import subsampled_critic_min
-from offrl.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from offrl.nets import EnsembleCritic, TanhGaussianActor, frozen, soft_update
 
 
 class SACAgent(Stateful):
@@ -79,7 +79,8 @@ class SACAgent(Stateful):
         """One gradient step of the actor against the min over all critics, and one of the temperature."""
         alpha = self.log_alpha.detach().exp()
         actions, log_prob = self.actor(batch.observations)
-        q_pi = self.critic(batch.observations, actions).min(dim=0).values
+        with frozen(self.critic):  # no critic weight gradients, also when the critic is compiled (WSRL)
+            q_pi = self.critic(batch.observations, actions).min(dim=0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
         self.actor_opt.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=list(self.actor.parameters()))

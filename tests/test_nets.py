@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from offrl.nets import (DeterministicActor, Dropout, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, Linear,
-                        autocast, mlp, TanhGaussianActor, soft_update)
+                        autocast, frozen, mlp, TanhGaussianActor, soft_update)
 
 
 def test_ensemble_linear_equals_separate_linears():
@@ -255,3 +255,23 @@ def test_edac_critic_init_draws_every_hidden_weight_within_one_over_sqrt_out():
         assert torch.all(layer.bias == 0.1)
     assert last.weight.abs().max().item() <= 3e-3 and last.bias.abs().max().item() <= 3e-3
     assert abs(first.weight.std().item() - (1 / 16) / 3**0.5) < 2e-3  # uniform: std = bound / sqrt(3)
+
+
+def test_frozen_records_no_weight_gradient_and_restores_requires_grad():
+    """An actor's loss through frozen critics reaches the actions only (no graph edge to the critics' weights,
+    so a compiled critic's backward cannot compute them); afterwards, and after an error inside, every
+    parameter that required gradients does again, and one that did not stays so."""
+    critic = EnsembleCritic(3, 2, 4, (8, 8))
+    fixed = critic.net.net[0].weight
+    fixed.requires_grad_(False)
+    actions = torch.randn(5, 2, requires_grad=True)
+    with frozen(critic):
+        assert not any(p.requires_grad for p in critic.parameters())
+        q = critic(torch.randn(5, 3), actions).min(dim=0).values.sum()
+    assert q.grad_fn is not None and torch.autograd.grad(q, actions)[0].abs().sum() > 0
+    assert [p.requires_grad for p in critic.parameters()] == [p is not fixed for p in critic.parameters()]
+    assert all(p.grad is None for p in critic.parameters())
+    with pytest.raises(RuntimeError, match="inside"):
+        with frozen(critic):
+            raise RuntimeError("inside")
+    assert [p.requires_grad for p in critic.parameters()] == [p is not fixed for p in critic.parameters()]
