@@ -68,7 +68,8 @@ Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
 timing script beside a 1-thread job; `python -m benchmarks.speed --algos wsrl [--compile]` times yours). The
 actor step reads the critics frozen (`offrl.nets.frozen`): a compiled critic's backward would otherwise compute
 the 10 critics' weight gradients that the actor loss discards. On a 2-core AMD EPYC at one thread, bf16 and
-compiled, an update went from ~140 to ~80 ms with it (the actor step from ~62 to ~29-37 ms; eager fp32 unchanged).
+compiled, an update took 76-81 ms with it against 111-147 ms without (the actor step 29-37 ms against ~62 ms;
+eager fp32 unchanged), in back-to-back timings with nothing else running.
 Resume restores networks, optimizers, both replay buffers' sampling state, the online rows, the env's
 simulator state and RNGs, so a resumed run continues the same curve (CPU).
 """

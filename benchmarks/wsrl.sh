@@ -8,9 +8,11 @@
 # ~175 ms in float32 with the other core idle, and 171 ms a step over 1000 steps with evaluation under
 # --run.precision bf16 --run.compile beside a 1-thread job; an online env step's update (batch 1024, UTD 4: four
 # critic steps, one actor step) 153 ms, 104 ms in bf16
-# (COMMON="--run.precision bf16 --run.compile" there). On a 2-core AVX-512 Xeon (a 1-thread job on the other
-# core) that update took ~163 ms, ~140 ms with --run.compile. Time yours with `python -m benchmarks.speed
-# --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
+# (COMMON="--run.precision bf16 --run.compile" there). Since the actor step reads the critics frozen: 76-81 ms
+# against 111-147 ms before in back-to-back timings there (bf16, compiled, nothing else running), and 85-107 ms
+# per online env step in background runs beside a 1-thread job, evaluations included. On a 2-core AVX-512 Xeon
+# (a 1-thread job on the other core) that update took ~163 ms, ~140 ms with --run.compile. Time yours with
+# `python -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
 # fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
