@@ -116,6 +116,11 @@ class Run:
             ckpt.remove_stale_temporaries(self.resume_from.parent)
             self._check_same_config(self._restored_state)
             self.start_step = int(self._restored_state["step"])
+            if self.start_step > self.total_steps:
+                # it would train nothing and write a final.json that claims fewer steps than its metrics hold
+                raise CheckpointError(f"{self.resume_from} has trained {self.start_step} steps, more than this run's "
+                                      f"{self.total_steps}: resume it with --steps {self.start_step} or more, or "
+                                      "start a new run folder")
             self.best_score = self._restored_state.get("best_score")
             self.last_eval = json.loads(self._restored_state.get("last_eval", "{}"))
             self.last_metrics = json.loads(self._restored_state.get("last_metrics", "{}"))

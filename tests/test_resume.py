@@ -115,6 +115,14 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "80", "--resume", "latest")
     assert "at step 50" in result.stderr
     assert json.loads((only_run(tmp_path) / "final.json").read_text())["steps"] == 80
+    # fewer steps than it has trained would train nothing and write a final.json claiming 60 steps: refused,
+    # and the run's files stay as they were
+    run_dir = only_run(tmp_path)
+    before = {name: (run_dir / name).read_bytes() for name in ("final.json", "metrics.jsonl")}
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "60", "--resume", "latest", check=False)
+    assert result.returncode == 1 and "has trained 80 steps, more than this run's 60" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
 def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
