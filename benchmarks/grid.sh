@@ -48,9 +48,10 @@
 # core-hours and the slow one about 13 (same formula as the table above).
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
-# in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and ~0.12 s per online env step once updates
-# start, evaluations included (benchmarks/wsrl.sh): about 35 core-hours for even 10k + 10k steps on the 27
-# dataset-seed pairs (four online variants each); benchmarks/wsrl.sh runs it on one dataset.
+# in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and 0.085-0.11 s per online env step once
+# updates start, evaluations included (benchmarks/wsrl.sh, since the actor step reads the critics frozen): about
+# 30 core-hours for even 10k + 10k steps on the 27 dataset-seed pairs (four online variants each);
+# benchmarks/wsrl.sh runs it on one dataset.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
