@@ -38,7 +38,7 @@ from offrl.data import Batch, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.optim import adam
 from offrl.multiseed import SeedAgents
-from offrl.nets import DeterministicActor, EnsembleCritic, soft_update
+from offrl.nets import DeterministicActor, EnsembleCritic, frozen, soft_update
 from offrl.run import Run, cli_main
 
 
@@ -141,7 +141,12 @@ class TD3BC(Stateful):
         """The step's device work: the critic's, and every `policy_freq`-th step the actor's and the targets'
         (two CUDA graphs on CUDA, offrl/graphs.py)."""
         metrics = self._critic_step(batch, noise)
-        return {**metrics, **self._actor_step(batch)} if with_actor else metrics
+        if not with_actor:
+            return metrics
+        # the critic frozen around the step, not inside it (a graph break in a compiled step): compiled, the
+        # actor's backward would otherwise compute Q_1's unused weight gradients
+        with frozen(self.critic):
+            return {**metrics, **self._actor_step(batch)}
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         self.updates += 1

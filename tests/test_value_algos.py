@@ -161,3 +161,41 @@ def test_cql_defaults_follow_the_official_code():
     cfg = Config()
     assert not cfg.data.normalize_states  # neither the official code nor OfflineRL-Kit normalizes states
     assert (cfg.cql_alpha, cfg.actor_lr, cfg.critic_lr, cfg.hidden) == (5.0, 1e-4, 3e-4, (256, 256, 256))
+
+
+def test_td3_bc_compiled_actor_step_differentiates_the_actor_alone():
+    """Compiled, the actor step's backward graph computes every gradient its forward was traced for: with the
+    critic frozen around it, that is the actor's parameters and no critic weight (Q_1's would be computed and
+    thrown away otherwise); the compiled update trains as the eager one."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    import algos.td3_bc as td3_bc
+    from benchmarks.speed import synthetic_data
+    from offrl.data import ReplayBuffer
+
+    gradient_shapes = []
+
+    def record_backward(graph, inputs):
+        out = next(node for node in graph.graph.nodes if node.op == "output")
+        gradient_shapes.append([tuple(g.meta["val"].shape) for g in out.args[0] if g is not None])
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(fw_compiler=lambda graph, inputs: make_boxed_func(graph.forward), bw_compiler=record_backward)
+    data = synthetic_data(rows=1000)
+    agents = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        cfg = td3_bc.Config()
+        cfg.policy_freq, cfg.hidden = 1, (16, 16)
+        agent = td3_bc.Agent(cfg, data, torch.device("cpu"))
+        if compiled:
+            agent._actor_step = torch.compile(agent.actor_step, backend=backend)
+        buffer = ReplayBuffer.from_dataset(data.dataset, torch.device("cpu"), seed=0)
+        for _ in range(3):
+            agent.update(buffer.sample(32))
+        agents.append(agent)
+    assert gradient_shapes == [[tuple(p.shape) for p in agents[1].actor.parameters()]]
+    assert all(p.requires_grad for p in agents[1].critic.parameters())
+    for eager, compiled in zip(agents[0].state_dict()["actor"].values(), agents[1].state_dict()["actor"].values()):
+        torch.testing.assert_close(compiled, eager)
