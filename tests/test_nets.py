@@ -118,17 +118,48 @@ def test_critic_row_blocks_give_one_pass_outputs_and_gradients(members, rows_per
     (E x rows <= 2048): the outputs and weight gradients of one pass, up to float summation order."""
     torch.manual_seed(0)
     critic = EnsembleCritic(5, 2, members, hidden=(16, 16), layer_norm=True)
-    assert critic.cpu_rows_per_pass == rows_per_pass
+    assert critic.net.net.rows_per_pass(members) == rows_per_pass
     obs, act = torch.randn(3 * rows_per_pass + 5, 5), torch.randn(3 * rows_per_pass + 5, 2)
     blocked = critic(obs, act)
     (blocked ** 2).sum().backward()
     blocked_grads = [p.grad.clone() for p in critic.parameters()]
     critic.zero_grad()
-    one_pass = critic.net(torch.cat([obs, act], dim=-1)).squeeze(-1)
+    one_pass = critic.net.net.one_pass(torch.cat([obs, act], dim=-1)).squeeze(-1)
     (one_pass ** 2).sum().backward()
     torch.testing.assert_close(blocked, one_pass)
     for got, want in zip(blocked_grads, (p.grad for p in critic.parameters())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["actor", "dynamics", "critic members"])
+def test_large_batches_run_in_row_blocks_with_one_pass_outputs(kind, monkeypatch):
+    """A policy over rollout-sized batches (2048-row blocks) and a 7-member dynamics ensemble (256-row blocks)
+    run in row blocks on the CPU, as do a critic's chosen members (blocks sized to their count), with the
+    outputs of one pass."""
+    from world_models.ensemble import DynamicsEnsemble
+
+    torch.manual_seed(0)
+    passes = []
+    if kind == "actor":
+        module = TanhGaussianActor(5, 2, [-1.0, -1.0], [1.0, 1.0], hidden=(16, 16))
+        net, rows, x = module.trunk, 2048, torch.randn(2 * 2048 + 3, 5)
+        run = lambda: module(x, deterministic=True)[0]  # noqa: E731
+    elif kind == "dynamics":
+        module = DynamicsEnsemble(5, 2)
+        net, rows, x, a = module.net.net, 256, torch.randn(3 * 256 + 7, 5), torch.randn(3 * 256 + 7, 2)
+        run = lambda: torch.cat(module(x, a), dim=-1)  # noqa: E731
+    else:
+        module = EnsembleCritic(5, 2, 10, hidden=(16, 16))
+        net, rows, x, a = module.net.net, 512, torch.randn(3 * 512 + 7, 5), torch.randn(3 * 512 + 7, 2)
+        run = lambda: module(x, a, members=torch.tensor([3, 7, 3, 1]))  # noqa: E731
+    one_pass = net.one_pass
+    monkeypatch.setattr(net, "one_pass", lambda inputs, *rest: passes.append(len(inputs)) or one_pass(inputs, *rest))
+    blocked = run()
+    assert passes == [rows] * (len(x) // rows) + [len(x) % rows]
+    passes.clear()
+    monkeypatch.setattr(net, "rows_per_pass", lambda members: 10**9)
+    torch.testing.assert_close(blocked, run())
+    assert passes == [len(x)]
 
 
 def test_critic_and_actor_shapes_and_bounds():
