@@ -47,6 +47,12 @@
 # 7.47, RCSL 7.34, CQL 71.5, DT 87.1), BF16="bc td3_bc iql riql rcsl cql dt" makes the fast class about 19.5
 # core-hours and the slow one about 13 (same formula as the table above).
 #
+# The model-based classes on that AMD EPYC, fp32, measured after every MLP's CPU row blocks (results/speed.md
+# part "model-based-epyc", one thread; a rollout round of 5 steps every 1000 at 1.45 s a step adds ~7.2 ms a
+# step): MOPO 11.9 + 7.2 ms, MOBILE 84.9 + 7.2, RAVL 137.3 + 7.2, so grid-mopo about 3.2 core-hours and
+# grid-mb-slow about 5.9 by the table's formula; the dynamics step timed 23.4 ms there (synthetic data), so
+# the 9 models take at most about 11.8 core-hours at 50 epochs (early stopping ends most sooner).
+#
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
 # in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and 0.085-0.11 s per online env step once
 # updates start, evaluations included (benchmarks/wsrl.sh, since the actor step reads the critics frozen): about
