@@ -38,9 +38,10 @@ class MLP(nn.Sequential):
     at most `CPU_MEMBER_ROWS_PER_PASS` member-rows (members x rows; a plain MLP has one member): 2048 rows
     for an actor, 1024 for twin critics, 256 for a 7-member dynamics ensemble, 128 for WSRL's 10 LayerNorm
     critics. Measured at one thread on CPUs of this project: a CQL update 8-10% faster (2-core Xeon), WSRL's
-    update ~199 -> ~163 ms (same), and on a 2-core AMD EPYC a 50k-row rollout step of the dynamics ensemble
-    2.34 -> 1.20 s and a policy pass over 50k rows 137 -> 84 ms. Rows are independent, so the outputs are
-    those of one pass (weight gradients sum over the blocks: float rounding)."""
+    update ~199 -> ~163 ms (same), and on a 2-core AMD EPYC the 7-member dynamics ensemble's pass over 50k
+    rows (a rollout step) 2.30 -> 1.20 s and a policy's 142 -> 82 ms (medians of 3 interleaved rounds). Rows
+    are independent, so the outputs are those of one pass (weight gradients sum over the blocks: float
+    rounding)."""
 
     CPU_MEMBER_ROWS_PER_PASS = 2048
 
