@@ -16,7 +16,10 @@ env step 0 (the pre-trained policy, before any online step), the lowest score in
 steps after the run's updates begin (the dip that fine-tuning without retained data suffers at its start) and
 the start minus it, and the last score; each per run, then mean ± std over seeds. Below the table, the checks:
 WSRL's last score against its start and against SAC from scratch's last (at the same env steps), and WSRL's
-dip against the dip without warm-up.
+dip against the dip without warm-up. Beside them, as context and not as a claim, the pre-training's level: the
+mean of the pre-training run's last 10 evaluations up to the checkpoint fine-tuned (read from the folder the
+run's --checkpoint names), for a policy whose evaluations swing from one to the next, so that the start, one
+evaluation, is a single draw from that swing.
 """
 
 from __future__ import annotations
@@ -76,16 +79,43 @@ def learning_start(config: dict) -> int:
     return wsrl.learning_starts(wsrl.Config(**{k: config[k] for k in names if k in config}))
 
 
+PRETRAINING_EVALUATIONS = 10
+"""How many of the pre-training's last evaluations its level averages."""
+
+
+def pretraining_level(run_dir: Path, config: dict) -> float | None:
+    """The mean of the pre-training run's last PRETRAINING_EVALUATIONS evaluations at or before the step of the
+    checkpoint this run fine-tuned; None for a run from scratch or when that run folder or its metrics are not
+    found (e.g. a relative --checkpoint from another working directory)."""
+    checkpoint = config.get("checkpoint")
+    if checkpoint is None or str(checkpoint).lower() == "none":
+        return None
+    folder = Path(str(checkpoint).replace("{seed}", str(config.get("seed", 0))))
+    if folder.is_file():  # <run folder>/checkpoints/<file>
+        folder = folder.parent.parent
+    if not (folder / "metrics.jsonl").exists():
+        return None
+    steps, scores, _ = eval_curve(folder)
+    final = run_dir / "final.json"
+    step = json.loads(final.read_text()).get("pretrained", {}).get("step") if final.exists() else None
+    if step is not None:
+        scores = scores[steps <= step]
+    return float(scores[-PRETRAINING_EVALUATIONS:].mean()) if len(scores) else None
+
+
 def run_summary(run_dir: Path, dip_window: int) -> dict | None:
-    """Start (step 0), lowest in the dip window after updates begin, dip, last; None without a step-0 score."""
+    """Start (step 0), lowest in the dip window after updates begin, dip, last, and the pre-training's level;
+    None without a step-0 score."""
     steps, scores, _ = eval_curve(run_dir)
     if len(steps) == 0 or steps[0] != 0:
         return None
-    begin = learning_start(json.loads((run_dir / "config.json").read_text()))
+    config = json.loads((run_dir / "config.json").read_text())
+    begin = learning_start(config)
     window = scores[(steps >= begin) & (steps <= begin + dip_window)]
     lowest = float(window.min()) if len(window) else float("nan")
     return {"start": float(scores[0]), "lowest": lowest, "dip": float(scores[0]) - lowest,
-            "last": float(scores[-1]), "last_step": int(steps[-1]), "updates_begin": begin}
+            "last": float(scores[-1]), "last_step": int(steps[-1]), "updates_begin": begin,
+            "pretraining": pretraining_level(run_dir, config)}
 
 
 def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict[str, dict[str, dict]]:
@@ -97,6 +127,9 @@ def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict
             rows = [r for r in (run_summary(run, dip_window) for run in runs) if r is not None]
             stats: dict = {k: {"mean": float(np.mean([r[k] for r in rows])), "std": float(np.std([r[k] for r in rows])),
                                "n": len(rows)} for k in ("start", "lowest", "dip", "last")} if rows else {}
+            levels = [r["pretraining"] for r in rows if r["pretraining"] is not None]
+            if levels:
+                stats["pretraining"] = {"mean": float(np.mean(levels)), "std": float(np.std(levels)), "n": len(levels)}
             stats["last_steps"] = sorted({r["last_step"] for r in rows})
             stats["updates_begin"] = sorted({r["updates_begin"] for r in rows})
             out[dataset][label] = stats
@@ -125,6 +158,11 @@ def checks(labels: dict[str, dict]) -> list[str]:
     if no_warmup_dip is not None:
         lines.append(f"dip with warm-up {dip:.1f} vs without {no_warmup_dip:.1f}: "
                      f"{verdict(dip < no_warmup_dip)} (with < without)")
+    level = value("WSRL", "pretraining")
+    if level is not None:
+        lines.append(f"context, not a claim: WSRL's last score {wsrl_last:.1f} vs the pre-training's level {level:.1f} "
+                     f"(the mean of its last {PRETRAINING_EVALUATIONS} evaluations up to the checkpoint; the start is "
+                     "the checkpoint's one evaluation)")
     return lines
 
 
@@ -137,16 +175,18 @@ def markdown(data: dict[str, dict[str, dict]], dip_window: int, title: str | Non
         out += ["Made by:", "", "```", command, "```", ""]
     out += [f"Per run: start = the score at env step 0 (before any online step); lowest = the lowest evaluation "
             f"in the {dip_window} env steps after the run's updates begin; dip = start - lowest; last = the last "
-            "evaluation. Mean ± std over seeds (n).", ""]
+            f"evaluation; pre-training level = the mean of the pre-training run's last {PRETRAINING_EVALUATIONS} "
+            "evaluations up to the checkpoint fine-tuned (context, not a claim). Mean ± std over seeds (n).", ""]
     for dataset, labels in sorted(data.items()):
         out += [f"## {dataset}", "",
-                "| variant | n | updates begin (env step) | start | lowest | dip | last | last at env step |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| variant | n | updates begin (env step) | start | lowest | dip | last | last at env step "
+                "| pre-training level |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for label, stats in sorted(labels.items()):
             n = stats.get("start", {}).get("n", 0)
             out.append(f"| {label} | {n} | {', '.join(map(str, stats['updates_begin']))} | {cell(stats, 'start')} "
                        f"| {cell(stats, 'lowest')} | {cell(stats, 'dip')} | {cell(stats, 'last')} "
-                       f"| {', '.join(map(str, stats['last_steps']))} |")
+                       f"| {', '.join(map(str, stats['last_steps']))} | {cell(stats, 'pretraining')} |")
         out += ["", *(f"- {line}" for line in checks(labels)), ""]
     return "\n".join(out)
 

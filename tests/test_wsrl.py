@@ -307,6 +307,33 @@ def test_start_dip_and_last_by_hand(tmp_path):
     assert "make it" in text
 
 
+def test_pretraining_level_is_the_mean_of_its_last_ten_evaluations_up_to_the_checkpoint(tmp_path):
+    """Context beside the claims: per run, the mean of the pre-training run's last 10 evaluations at or before the
+    step of the checkpoint fine-tuned (final.json's `pretrained`), read from the folder --checkpoint names ({seed}
+    filled in, or a checkpoint file in it); '-' for SAC from scratch."""
+    for seed, offset in ((0, 0.0), (1, 100.0)):
+        pre = tmp_path / "pre" / f"{seed}-sweep"
+        pre.mkdir(parents=True)
+        (pre / "checkpoints").mkdir()
+        (pre / "checkpoints" / "last.pt").write_bytes(b"")
+        # evaluations 1..12 at steps 1000..12000; the checkpoint is at 11000: the mean of 2..11 is 6.5
+        (pre / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": 1000 * k, "eval/return_mean": k + offset, "eval/normalized_score": k + offset}) + "\n"
+            for k in range(1, 13)))
+    checkpoints = {0: str(tmp_path / "pre" / "{seed}-sweep"), 1: str(tmp_path / "pre" / "1-sweep" / "checkpoints" / "last.pt")}
+    for seed in (0, 1):
+        run = tmp_path / "runs" / f"w{seed}"
+        fake_run(run, {0: 50, 100: 20, 200: 40}, checkpoint=checkpoints[seed], seed=seed)
+        (run / "final.json").write_text(json.dumps({"pretrained": {"file": "x", "algo": "cql", "step": 11000}}))
+    fake_run(tmp_path / "runs" / "sc", {0: 1, 100: 2, 200: 3}, checkpoint="none")
+    out = tmp_path / "claims.md"
+    wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png"), "--markdown", str(out)])
+    text = out.read_text()
+    assert "| 200 | 56.5 ± 50.0 |" in text  # seeds 0 and 1: 6.5 and 106.5
+    assert "| SAC from scratch | 1 |" in text and text.split("| SAC from scratch |")[1].split("\n")[0].endswith("| - |")
+    assert "context, not a claim: WSRL's last score 40.0 vs the pre-training's level 56.5" in text
+
+
 def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tmp_path):
     with pytest.raises(OffrlError, match="needs --checkpoint"):
         wsrl.train(config(tmp_path, None))
