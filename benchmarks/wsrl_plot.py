@@ -85,8 +85,9 @@ PRETRAINING_EVALUATIONS = 10
 
 def pretraining_level(run_dir: Path, config: dict) -> float | None:
     """The mean of the pre-training run's last PRETRAINING_EVALUATIONS evaluations at or before the step of the
-    checkpoint this run fine-tuned; None for a run from scratch or when that run folder or its metrics are not
-    found (e.g. a relative --checkpoint from another working directory)."""
+    checkpoint this run fine-tuned (as its final.json records it; for a run not yet finished, the pre-training's
+    last evaluations whatever their step); None for a run from scratch or when that run folder or its metrics
+    are not found (e.g. a relative --checkpoint from another working directory)."""
     checkpoint = config.get("checkpoint")
     if checkpoint is None or str(checkpoint).lower() == "none":
         return None
