@@ -35,15 +35,18 @@ class MLP(nn.Sequential):
     On the CPU a batch of more rows than a block goes through the network in row blocks: the same matmuls,
     but each block's activations stay in cache for the elementwise work (bias, LayerNorm, activations, their
     gradients), which on large batches is memory-bound. A block holds the largest power of two of rows with
-    at most `CPU_MEMBER_ROWS_PER_PASS` member-rows (members x rows; a plain MLP has one member): 2048 rows
-    for an actor, 1024 for twin critics, 256 for a 7-member dynamics ensemble, 128 for WSRL's 10 LayerNorm
-    critics. Measured at one thread on CPUs of this project: a CQL update 8-10% faster (2-core Xeon), WSRL's
-    update ~199 -> ~163 ms (same), and on a 2-core AMD EPYC the 7-member dynamics ensemble's pass over 50k
-    rows (a rollout step) 2.30 -> 1.20 s and a policy's 142 -> 82 ms (medians of 3 interleaved rounds). Rows
-    are independent, so the outputs are those of one pass (weight gradients sum over the blocks: float
+    at most `CPU_MEMBER_ROWS_PER_PASS` member-rows (members x rows; a plain MLP has one member), and at least
+    `CPU_MIN_ROWS_PER_PASS` rows: 2048 rows for an actor, 1024 for twin critics, 256 for a 7-member dynamics
+    ensemble and for 10 critics. Measured at one thread: on a 2-core Xeon a CQL update 8-10% faster than one
+    pass and WSRL's update ~199 -> ~163 ms (then in 128-row blocks); on a 2-core AMD EPYC the 7-member
+    ensemble's pass over 50k rows (a rollout step) 2.30 -> 1.20 s and a policy's 142 -> 82 ms, and 256-row
+    rather than 128-row blocks for 10 critics, whose 256-row batches then pass whole, WSRL's update (bf16,
+    compiled) 102.9 -> 99.4 ms and RAVL's 128.6 -> 122.4 ms (medians of 3 interleaved rounds). Rows are
+    independent, so the outputs are those of one pass (weight gradients sum over the blocks: float
     rounding)."""
 
     CPU_MEMBER_ROWS_PER_PASS = 2048
+    CPU_MIN_ROWS_PER_PASS = 256
 
     def __init__(self, *layers: nn.Module, head_layers: int = 1):
         super().__init__(*layers)
@@ -53,8 +56,8 @@ class MLP(nn.Sequential):
 
     @classmethod
     def rows_per_pass(cls, members: int) -> int:
-        """Rows of a CPU block for `members` members evaluated together."""
-        return 1 << max(0, (cls.CPU_MEMBER_ROWS_PER_PASS // members).bit_length() - 1)
+        """Rows of a CPU block for `members` members evaluated together (never fewer than CPU_MIN_ROWS_PER_PASS)."""
+        return max(cls.CPU_MIN_ROWS_PER_PASS, 1 << max(0, (cls.CPU_MEMBER_ROWS_PER_PASS // members).bit_length() - 1))
 
     def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, in], or an ensemble's [E, B, in]. `members` (ensembles only): run only these members of
