@@ -255,6 +255,11 @@ def check_pretraining(saved: dict, cfg: Config, env_id: str | None, file) -> Non
                                   f"{getattr(cfg.data, key)}: the online rewards must be transformed alike")
 
 
+def pretrained_path(checkpoint: str, seed: int) -> str:
+    """--checkpoint for this seed: '{seed}' in it becomes the seed (a sweep's one template for all seeds)."""
+    return checkpoint.replace("{seed}", str(seed))
+
+
 def load_pretrained(agent: WSRL, path: str, cfg: Config, env_id: str | None = None) -> dict:
     """Load an offrl training checkpoint's actor, critics, target critics, temperature and Adam states into
     `agent` (learning rates stay this config's). Returns where they came from."""
@@ -314,7 +319,7 @@ def train(cfg: Config) -> dict:
     agent = WSRL(cfg, data, run.device)
     pretrained = from_pretrained(cfg)
     if pretrained and run.start_step == 0:  # a resumed run restores its own state instead
-        load_pretrained(agent, cfg.checkpoint.replace("{seed}", str(cfg.seed)), cfg, data.metadata.get("env_id"))
+        load_pretrained(agent, pretrained_path(cfg.checkpoint, cfg.seed), cfg, data.metadata.get("env_id"))
     online = ReplayBuffer(data.obs_dim, data.act_dim, cfg.buffer_size, run.device, seed=cfg.seed)
     state = {"agent": agent, "buffer": online, "loop": loop}
     offline = None

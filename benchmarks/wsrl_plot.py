@@ -91,7 +91,9 @@ def pretraining_level(run_dir: Path, config: dict) -> float | None:
     checkpoint = config.get("checkpoint")
     if checkpoint is None or str(checkpoint).lower() == "none":
         return None
-    folder = Path(str(checkpoint).replace("{seed}", str(config.get("seed", 0))))
+    from algos import wsrl
+
+    folder = Path(wsrl.pretrained_path(str(checkpoint), config.get("seed", 0)))
     if folder.is_file():  # <run folder>/checkpoints/<file>
         folder = folder.parent.parent
     if not (folder / "metrics.jsonl").exists():
