@@ -1,6 +1,8 @@
 """benchmarks.speed_vs_corl without CORL: the ratio and markdown on hand-made numbers, the block estimator, the
 CORL folder and commit checks, and the command line's one-line error when --corl-dir is missing."""
 
+import types
+
 import pytest
 
 from benchmarks import speed_vs_corl as svc
@@ -173,3 +175,31 @@ def test_offrl_side_is_set_to_corl_sizes():
         assert tuple(cfg.hidden) == ((256, 256, 256) if algo == "cql" else (256, 256))
     assert svc.offrl_config("iql").actor == "deterministic"
     assert svc.offrl_config("cql").n_actions == 10
+
+
+def test_the_device_reaches_both_workers_and_the_table(tmp_path, monkeypatch):
+    """--device cuda: both sides' worker processes get it, and the table names the GPU and says how each side waits
+    for it; a CPU table keeps its old wording."""
+    commands = []
+
+    def fake_run(command, **kwargs):
+        commands.append(command)
+        (tmp_path / f"{command[command.index('--worker') + 1]}.json").write_text('{"ms": 1.0}')
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(svc.subprocess, "run", fake_run)
+    args = svc.parse_args(["--corl-dir", str(tmp_path), "--device", "cuda"])
+    for side in ("corl", "offrl"):
+        svc.measure(side, args, "iql", 1, tmp_path / "data.npz", tmp_path, side)
+    assert [c[c.index("--device") + 1] for c in commands] == ["cuda", "cuda"]
+    assert svc.parse_args(["--corl-dir", str(tmp_path)]).device == "cpu"
+
+    meta = {"command": "c", "date": "d", "corl_commit": "x", "cpu": "Some CPU", "cores": 16, "rounds": 1, "warmup": 6,
+            "steps": 20, "block": 20, "data": "n", "corl_versions": "v", "offrl_versions": "v"}
+    rows = svc.summarize(hand_made())
+    gpu = svc.render_markdown({**meta, "device": "cuda", "gpu": "Some GPU"}, rows)
+    assert gpu.splitlines()[0].endswith("(Some GPU, host CPU Some CPU, 16 cores)")
+    assert "(only `device=cuda`)" in gpu and "`.item()` every step" in gpu and "CUDA graph" in gpu
+    cpu = svc.render_markdown(meta, rows)
+    assert cpu.splitlines()[0].endswith("(Some CPU, 16 cores)")
+    assert "(only `device=cpu`)" in cpu and ".item()" not in cpu
