@@ -63,7 +63,7 @@ class MOPO(SACAgent):
         self.cfg = cfg
         super().__init__(data.obs_dim, data.act_dim, data.action_low, data.action_high, device, cfg.hidden,
                          cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, init_alpha=1.0, autotune=True, gamma=cfg.gamma,
-                         tau=cfg.tau)
+                         tau=cfg.tau, cuda_graph=cfg.run.cuda_graph)
 
 
 Agent = MOPO

@@ -88,7 +88,7 @@ class SAC(SACAgent):
         self.cfg = cfg
         super().__init__(spaces.obs_dim, spaces.act_dim, spaces.action_low, spaces.action_high, device, cfg.hidden,
                          cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, cfg.autotune, cfg.target_entropy,
-                         cfg.gamma, cfg.tau)
+                         cfg.gamma, cfg.tau, cuda_graph=cfg.run.cuda_graph)
 
 
 Agent = SAC

@@ -188,7 +188,7 @@ class WSRL(SACAgent):
         super().__init__(spaces.obs_dim, spaces.act_dim, spaces.action_low, spaces.action_high, device, cfg.hidden,
                          cfg.actor_lr, cfg.critic_lr, cfg.alpha_lr, cfg.init_alpha, True, cfg.target_entropy, cfg.gamma,
                          cfg.tau, cfg.num_critics, cfg.layer_norm, cfg.actor_layer_norm, cfg.critic_subsample,
-                         cfg.backup_entropy, cfg.shared_critic_output)
+                         cfg.backup_entropy, cfg.shared_critic_output, cuda_graph=cfg.run.cuda_graph)
         self.critic_updates, self.actor_updates = 0, 0
         self.pretrained = ""  # JSON: the checkpoint the networks came from
         if cfg.run.compile:
@@ -202,7 +202,8 @@ class WSRL(SACAgent):
         --reference-optimizer-steps, the reference's momentum-only steps beside them)."""
         critic = []
         for batch in slices:
-            critic.append(self.critic_step(batch))
+            # a clone: on CUDA the step's metrics are its graph's outputs, which the next slice's replay overwrites
+            critic.append({name: value.clone() for name, value in self.critic_step(batch).items()})
             if self.cfg.reference_optimizer_steps:
                 zero_gradient_step(self.actor_opt)
                 zero_gradient_step(self.alpha_opt)

@@ -51,7 +51,8 @@ def time_variant(algo: str, variant: str, device: torch.device, args) -> dict:
     result = time_algorithm(algo, device, args.warmup, args.blocks, args.per_block, precision=precision, cfg=cfg)
     timed_s = args.blocks * args.per_block * result["median_ms"] / 1000
     # FlopCounterMode's two counted steps and the timed blocks are not warm-up
-    result["warmup_s"] = time.perf_counter() - start - timed_s * (1 + 2 / (args.blocks * args.per_block))
+    result["warmup_s"] = (time.perf_counter() - start - timed_s * (1 + 2 / (args.blocks * args.per_block))
+                          - result["eager_flop_count_s"])
     result.update(variant=variant, precision=precision)
     return result
 
@@ -110,10 +111,6 @@ def main(argv: list[str] | None = None) -> str:
                 print(f"{algo} {variant} failed: {error}", flush=True)
                 rows.append({"algo": algo, "variant": variant, "failed": str(error)})
                 continue
-            # FlopCounterMode sees no kernels inside a graph replay: the FLOPs are the eager step's
-            counted = [x["gflop_per_update"] for x in rows if x["algo"] == algo and x.get("gflop_per_update")]
-            if counted and not r["gflop_per_update"]:
-                r["gflop_per_update"] = counted[0]
             r["update_gflops"] = r["gflop_per_update"] / (r["median_ms"] / 1000)
             r["of_matmul"] = r["update_gflops"] / roof[r["precision"]]
             rows.append(r)

@@ -711,11 +711,6 @@ def offrl_worker(args) -> dict:
         if args.compile:
             shutil.rmtree(os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     seconds, after = time.perf_counter() - start, snapshot()
-    if device.type == "cuda" and cfg.run.cuda_graph:
-        # FlopCounterMode sees no kernels inside a CUDA graph's replay: count the same update run eagerly
-        eager = offrl_config(args.algo, args.compile)
-        eager.run.cuda_graph = False
-        result["gflop_per_update"] = time_algorithm(args.algo, device, 2, 1, 2, cfg=eager, data=data)["gflop_per_update"]
     return {"side": "offrl", "algo": args.algo, "threads": args.threads, "torch_threads": torch.get_num_threads(),
             "device": device_name(torch, args.device),
             "ms": result["median_ms"], "min_ms": result["min_ms"], "max_ms": result["max_ms"],

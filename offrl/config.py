@@ -109,8 +109,9 @@ class RunConfig:
     compiled (results/speed-vs-corl.md)."""
     cuda_graph: bool = True
     """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
-    IQL) as a CUDA graph after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of
-    hundreds, the same arithmetic (results/speed-gpu.md). No effect on the CPU."""
+    IQL), and the critic and actor steps of the soft actor-critic that SAC, WSRL and MOPO share (offrl/sac.py),
+    as CUDA graphs after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of hundreds, the
+    same arithmetic (results/speed-gpu.md). No effect on the CPU."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Gradient steps in float32, or under bfloat16 autocast: hidden-layer matmuls in bf16, output layers,
     weights and optimizer state in float32 (CQL and DT updates 2.3-2.8x faster on this project's AVX512-BF16

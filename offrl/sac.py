@@ -9,6 +9,9 @@ Temperature (automatic entropy tuning toward `target_entropy`, default -|A|):
     L_alpha = -mean log_alpha * (log pi(a~|s) + target_entropy)      (log-probs detached)
 then a Polyak update of the critics with tau.
 
+On CUDA with `cuda_graph`, each half is replayed as a CUDA graph after 3 eager warm-ups (offrl/graphs.py):
+the returned metrics are then the graph's output tensors, overwritten by the next call of the same half.
+
 Options for WSRL (all off by default): `critic_subsample` k takes the target's min over k critics drawn
 at random (REDQ), `backup_entropy=False` leaves -alpha log pi out of y, `layer_norm` / `actor_layer_norm`
 put LayerNorm in the hidden layers. `critic_step` and `actor_step` are the two halves of `update`, so a
@@ -26,6 +29,7 @@ import torch
 
 from offrl.checkpoint import Stateful
 from offrl.data import Batch
+from offrl.graphs import GraphedStep
 from offrl.losses import subsampled_critic_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, frozen, soft_update
 
@@ -39,7 +43,7 @@ class SACAgent(Stateful):
                  critic_lr: float = 3e-4, alpha_lr: float = 3e-4, init_alpha: float = 1.0, autotune: bool = True,
                  target_entropy: float | None = None, gamma: float = 0.99, tau: float = 0.005, num_critics: int = 2,
                  layer_norm: bool = False, actor_layer_norm: bool = False, critic_subsample: int | None = None,
-                 backup_entropy: bool = True, shared_critic_output: bool = False):
+                 backup_entropy: bool = True, shared_critic_output: bool = False, cuda_graph: bool = False):
         self.gamma, self.tau, self.autotune = gamma, tau, autotune
         self.critic_subsample, self.backup_entropy = critic_subsample, backup_entropy
         self.actor = TanhGaussianActor(obs_dim, act_dim, action_low, action_high, hidden,
@@ -53,12 +57,23 @@ class SACAgent(Stateful):
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=actor_lr, fused=fused)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=critic_lr, fused=fused)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
+        self._critic_step = GraphedStep(self.critic_gradient_step, device, cuda_graph, optimizers=(self.critic_opt,))
+        self._actor_step = GraphedStep(self.actor_gradient_step, device, cuda_graph,
+                                       optimizers=(self.actor_opt, self.alpha_opt))
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         return {**self.critic_step(batch), **self.actor_step(batch)}
 
     def critic_step(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One gradient step of the critics, then the Polyak update of their targets."""
+        """One gradient step of the critics, then the Polyak update of their targets (a CUDA graph on CUDA)."""
+        return self._critic_step(batch)
+
+    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """One gradient step of the actor against the min over all critics, and one of the temperature (a CUDA
+        graph on CUDA)."""
+        return self._actor_step(batch)
+
+    def critic_gradient_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
             next_actions, next_log_prob = self.actor(batch.next_observations)
@@ -75,8 +90,7 @@ class SACAgent(Stateful):
         soft_update(self.critic_target, self.critic, self.tau)
         return {"critic_loss": critic_loss.detach(), "q_mean": q.detach().mean()}
 
-    def actor_step(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """One gradient step of the actor against the min over all critics, and one of the temperature."""
+    def actor_gradient_step(self, batch: Batch) -> dict[str, torch.Tensor]:
         alpha = self.log_alpha.detach().exp()
         actions, log_prob = self.actor(batch.observations)
         with frozen(self.critic):  # no critic weight gradients, also when the critic is compiled (WSRL)

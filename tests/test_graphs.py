@@ -163,3 +163,49 @@ def test_a_graphed_cuda_run_resumed_ends_as_one_that_was_not(tiny, tmp_path, alg
         final = json.loads((got / "final.json").read_text())
         assert final["eval/normalized_score"] == pytest.approx(
             json.loads((expected / "final.json").read_text())["eval/normalized_score"], rel=1e-4, abs=1e-6)
+
+
+def soft_actor_critic_after(algo: str, cuda_graph: bool, steps: int, device: str = "cuda"):
+    """SAC, WSRL (its UTD slices) or MOPO (the agent's update on dataset batches; the model's rollouts are not
+    part of the step) after `steps` updates from the same seeds."""
+    from algos.wsrl import sample_slices
+
+    module = importlib.import_module(f"algos.{algo}")
+    cfg = module.Config()
+    cfg.run.cuda_graph = cuda_graph
+    device = torch.device(device)
+    data = synthetic_data(rows=5000)
+    torch.manual_seed(0)
+    agent = module.Agent(cfg, data, device)
+    buffer = ReplayBuffer.from_dataset(data.dataset, device, seed=0)
+    torch.manual_seed(1)  # the actor's draws and WSRL's target subsample from the same default-generator state
+    for _ in range(steps):
+        metrics = agent.update(sample_slices(buffer, None, cfg) if algo == "wsrl" else buffer.sample(cfg.batch_size))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return agent, {name: value.clone() for name, value in metrics.items()}
+
+
+@cuda
+@pytest.mark.parametrize("algo", ["sac", "wsrl", "mopo"])
+def test_graphed_soft_actor_critic_steps_train_as_the_eager_ones(algo):
+    """offrl/sac.py's critic and actor steps, each its own graph (WSRL: four critic steps on 256-row slices per
+    actor step on all 1024 rows, whose metrics must not be the last slice's four times): 20 updates give the
+    eager agent's weights, temperature and metrics."""
+    eager, eager_metrics = soft_actor_critic_after(algo, False, 20)
+    graphed, graphed_metrics = soft_actor_critic_after(algo, True, 20)
+    assert graphed._critic_step.recorded == 1 and graphed._actor_step.recorded == 1
+    assert eager._critic_step.recorded == 0
+    a, b = parameters(eager), parameters(graphed)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-6, msg=f"{algo}: {name}")
+    torch.testing.assert_close(graphed.log_alpha, eager.log_alpha, rtol=1e-4, atol=1e-6)
+    for name, value in eager_metrics.items():
+        torch.testing.assert_close(graphed_metrics[name], value, rtol=1e-4, atol=1e-6, msg=f"{algo}: {name}")
+
+
+def test_soft_actor_critic_steps_on_the_cpu_are_plain_calls():
+    """The helper above on the CPU, where the graph is off: the steps run eagerly and record nothing."""
+    agent, metrics = soft_actor_critic_after("wsrl", True, 2, device="cpu")
+    assert agent._critic_step.recorded == 0 and not agent._critic_step.enabled
+    assert agent.critic_updates == 2 * agent.cfg.utd and all(torch.isfinite(v).all() for v in metrics.values())
