@@ -11,6 +11,8 @@ OFFRL_PROBE, a JSON object with
 - evaluations: per evaluation that ran, its step, start, end, `force`, the env setup time, the
   stepping time, the vector env steps (its longest episode) and the env's time limit;
 - checkpoints: per checkpoint written, its step, start, end and `force`;
+- rollouts: per model rollout round (MOPO, MOBILE, RAVL: `world_models.rollout.ModelData.rollout`), its start
+  and end;
 - cuda: torch.cuda.max_memory_allocated / max_memory_reserved in bytes, where CUDA was used;
 - skipped: why the run did not train (OFFRL_PROBE_NO_MODEL_TRAINING=1 and a model-based run whose
   dynamics model is neither cached nor given with --model-path; the process then exits with 3).
@@ -30,7 +32,7 @@ from pathlib import Path
 
 NO_MODEL_EXIT = 3
 
-probe: dict = {"loop": {}, "evaluations": [], "checkpoints": [], "cuda": None, "skipped": None}
+probe: dict = {"loop": {}, "evaluations": [], "checkpoints": [], "rollouts": [], "cuda": None, "skipped": None}
 
 
 def _write() -> None:
@@ -103,6 +105,19 @@ def _instrument(warmup: int) -> None:
 
     Run._iterate, Run.evaluate, Run.checkpoint = _iterate, timed_evaluate, timed_checkpoint
     offrl.run.evaluate = evaluate
+
+    import world_models.rollout
+
+    ModelData = world_models.rollout.ModelData
+    rollout_method = ModelData.rollout
+
+    def timed_rollout(self, *args, **kwargs):
+        start = time.perf_counter()
+        metrics = rollout_method(self, *args, **kwargs)  # ends with a host sync (the live rows' count)
+        probe["rollouts"].append({"start": start, "end": time.perf_counter()})
+        return metrics
+
+    ModelData.rollout = timed_rollout
 
 
 def _no_model_training() -> None:

@@ -30,7 +30,9 @@ same data. The rule that turns a short run into a full run's cost per step:
   n = ceil(S / every) (1 for every = 0), t_ckpt the measured checkpoint and t_eval the measured evaluation
   with its stepping scaled to episodes that all reach the env's time limit (an upper bound: a short run's
   policy falls early, a trained one runs to the limit);
-- ratio = end to end / update ms; the goal is <= 1.10.
+- rollouts ms/step = MOPO/MOBILE/RAVL's model rollout rounds inside that timed loop (run_probe times each
+  round), over its steps: the algorithm's own work, which the update timing leaves out (0 for the others);
+- ratio = end to end / (update + rollouts) ms; the goal is <= 1.10.
 
 Beside it: steps / final.json's wall_seconds, the process's wall time, its peak RSS (os.wait4's
 ru_maxrss) and peak CUDA memory. MOPO/MOBILE/RAVL are skipped unless their dynamics model is cached
@@ -481,10 +483,10 @@ def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
     # the last step's checkpoint that --run.checkpoint-every 0 asked for; forced ones (RCSL's at each hold-out
     # check) are the loop's periodic work and stay in it
     checkpoints = [c for c in probe["checkpoints"] if c["step"] == last and not c["force"]]
-    inside = sum(w["end"] - w["start"] for w in evaluations + checkpoints
-                 if loop["t_warm"] <= w["start"] and w["end"] <= loop["t_end"])
+    inside = seconds_in_loop(evaluations + checkpoints, loop)
     measured = last - loop["start_step"] - warmup
     row["loop_ms"] = 1000 * (loop["t_end"] - loop["t_warm"] - inside) / measured
+    row["rollout_ms"] = 1000 * seconds_in_loop(probe.get("rollouts", []), loop) / measured
     row["evaluation_s"] = sum(e["end"] - e["start"] for e in evaluations)
     row["evaluation_charged_s"] = sum(map(charged_evaluation_s, evaluations))
     row["evaluation_episode_steps"] = [e.get("vector_steps") for e in evaluations]
@@ -509,8 +511,13 @@ def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
                for _ in range(args.rounds)]
     row["update_ms"] = statistics.median(t["median_ms"] for t in timings)
     row["update_round_ms"] = [t["median_ms"] for t in timings]
-    row["ratio"] = row["end_to_end_ms"] / row["update_ms"]
+    row["ratio"] = row["end_to_end_ms"] / (row["update_ms"] + row["rollout_ms"])
     return row
+
+
+def seconds_in_loop(windows: list[dict], loop: dict) -> float:
+    """Wall time of the probe's windows (start, end) that lie inside the loop's timed part (after its warm-up)."""
+    return sum(w["end"] - w["start"] for w in windows if loop["t_warm"] <= w["start"] and w["end"] <= loop["t_end"])
 
 
 def end_to_end(args, argv: list[str]) -> dict:
@@ -558,7 +565,8 @@ def format_end_to_end_row(r: dict) -> str:
     if "skipped" in r or "error" in r:
         why = f"skipped: {r['skipped']}" if "skipped" in r else f"FAILED: {r['error']}"
         return f"{r['algo']:8s} {r['threads']} thread(s): {why}"
-    return (f"{r['algo']:8s} {r['threads']} thread(s): update {r['update_ms']:.2f} ms, loop {r['loop_ms']:.2f} ms/step, "
+    return (f"{r['algo']:8s} {r['threads']} thread(s): update {r['update_ms']:.2f} ms, rollouts {r['rollout_ms']:.2f} "
+            f"ms/step, loop {r['loop_ms']:.2f} ms/step, "
             f"end to end {r['end_to_end_ms']:.2f} ms/step (x{r['ratio']:.3f}); evaluations {_evaluation_cell(r)} s, "
             f"checkpoints {r['checkpoints']} × {r['checkpoint_s']:.2f} s over {r['full_steps']} steps; "
             f"run {r['run_steps_per_s']:.1f} steps/s, process {r['process_wall_s']:.1f} s, "
@@ -586,17 +594,19 @@ def write_end_to_end_markdown(report: dict, path: Path, argv: list[str], section
              "longest episode ends; a short run's policy falls early, a trained one runs to the limit), so an upper "
              "bound on what a full run's evaluations cost. *Update*: this benchmark's update timing (sample + "
              "gradient step after warm-up, median of blocks, as in 'Update speed') in the same invocation, for the "
-             "same config on the same data. Ratio = end to end / update; the goal is ≤ 1.10. Run steps/s = steps / "
+             "same config on the same data. *Rollouts ms/step*: MOPO/MOBILE/RAVL's model rollout rounds inside the "
+             "timed loop (`benchmarks.run_probe` times each), over its steps; the algorithm's own work, not overhead. "
+             "Ratio = end to end / (update + rollouts); the goal is ≤ 1.10. Run steps/s = steps / "
              "final.json's wall_seconds (the run's own clock, after its setup, with its one evaluation and checkpoint "
              "uncharged); process wall: the subprocess from start to exit (imports, dataset and model loading); peak "
              "RSS: the child's ru_maxrss (os.wait4); peak CUDA: torch.cuda.max_memory_allocated in the child. "
              "MOPO, MOBILE and RAVL run only with their dynamics model cached (OFFRL_MODELS; `python -m "
-             "world_models.train`) or given (`--model-path` in `--run-args`), and their loop holds the rollout rounds, "
-             "which the update timing leaves out.", "",
-             "| threads | algo | steps (warm-up) | update ms | loop ms/step | full run: steps, eval every, checkpoint "
-             "every | evaluations × s charged (measured, episode steps of limit) | checkpoints × s | end to end ms/step "
-             "| end to end / update | run steps/s (final.json) | process wall s | peak RSS MiB | peak CUDA MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "world_models.train`) or given (`--model-path` in `--run-args`).", "",
+             "| threads | algo | steps (warm-up) | update ms | rollouts ms/step | loop ms/step | full run: steps, eval "
+             "every, checkpoint every | evaluations × s charged (measured, episode steps of limit) | checkpoints × s "
+             "| end to end ms/step | end to end / (update + rollouts) | run steps/s (final.json) | process wall s "
+             "| peak RSS MiB | peak CUDA MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in report["rows"]:
         if "skipped" in r or "error" in r:
@@ -604,7 +614,7 @@ def write_end_to_end_markdown(report: dict, path: Path, argv: list[str], section
                          + (f"skipped, {r['skipped']}" if "skipped" in r else f"failed, {r['error']}"))
             continue
         lines.append(f"| {r['threads']} | {r['algo']} | {r['steps']} ({r['warmup']}) | {r['update_ms']:.2f} | "
-                     f"{r['loop_ms']:.2f} | {r['full_steps']}, {r['eval_every']}, {r['checkpoint_every']} | "
+                     f"{r['rollout_ms']:.2f} | {r['loop_ms']:.2f} | {r['full_steps']}, {r['eval_every']}, {r['checkpoint_every']} | "
                      f"{_evaluation_cell(r)} | {r['checkpoints']} × {r['checkpoint_s']:.2f} | "
                      f"{r['end_to_end_ms']:.2f} | "
                      f"{r['ratio']:.3f} | {r['run_steps_per_s']:.1f} | {r['process_wall_s']:.1f} | "

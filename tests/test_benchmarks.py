@@ -521,3 +521,17 @@ def test_a_table_says_env_steps_for_online_algorithms():
     assert table.step_unit(["wsrl", "sac"]) == "env steps"
     assert table.step_unit(["iql", "wsrl", "sac"]) == "steps (env steps for sac, wsrl; gradient steps for the others)"
     assert table.step_unit(["no_such_algorithm"]) == "gradient steps"
+
+
+def test_only_rollout_rounds_inside_the_timed_loop_count_toward_its_rollout_share():
+    """MOPO/MOBILE/RAVL's rollout rounds are the algorithm's own work: the ratio's denominator adds their time per
+    step, from the rounds that started and ended inside the loop after its warm-up (run_probe's windows)."""
+    from benchmarks import speed
+
+    loop = {"t_warm": 10.0, "t_end": 30.0}
+    rounds = [{"start": 1.0, "end": 3.0},     # the warm-up's round: not in the timed loop
+              {"start": 12.0, "end": 14.5},   # inside
+              {"start": 20.0, "end": 21.0},   # inside
+              {"start": 29.5, "end": 31.0}]   # ends after the loop
+    assert speed.seconds_in_loop(rounds, loop) == pytest.approx(3.5)
+    assert speed.seconds_in_loop([], loop) == 0
