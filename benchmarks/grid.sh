@@ -40,6 +40,9 @@
 # (2.8x and 2.3x faster updates on an AMD EPYC with AVX512-BF16, results/speed-bf16.md) under
 # --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run folders (a run cannot change
 # precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
+# BF16 may name MOPO, MOBILE and RAVL as well: their updates run under bf16 (MOBILE's Bellman penalty passes the
+# dynamics model inside the update), their rollouts and the dynamics training stay fp32; the hopper medium-replay
+# model's error against the simulator is the same in both (observations within 1%, rewards 5%; results/model-error-hopper-mr-grid-*).
 # On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
 # 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
 # BC run took 4.5 min), so the fast class takes 1.5-2x its hours there in fp32. Under bf16 it is the other

@@ -374,6 +374,14 @@ def test_model_error_report(tmp_path):
     text = (tmp_path / "model-error.md").read_text()
     assert "| elite mean |" in text and "member 0" in text and (tmp_path / "model-error.png").stat().st_size > 1000
 
+    # the same starts under bf16 autocast: the model's matmuls in bfloat16, so the predictions move, but by far
+    # less than the model's own error
+    bf16 = evaluate_model(model, dataset, "Hopper-v5", horizon=3, starts=15, precision="bf16")
+    assert bf16["precision"] == "bf16" and bf16["running_per_k"] == report["running_per_k"]
+    fp32_error, bf16_error = (np.array(r["obs_error"]["elite mean"]) for r in (report, bf16))
+    assert not np.array_equal(fp32_error, bf16_error)
+    np.testing.assert_allclose(bf16_error, fp32_error, rtol=0.05)
+
 
 def test_model_error_windows_stay_inside_episodes_and_before_their_last_row():
     from world_models.evaluate import start_rows

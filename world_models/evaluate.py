@@ -15,6 +15,10 @@ Hopper and Walker2d clip the velocities in their observations to [-10, 10]; a st
 holds a clipped velocity cannot be restored exactly, so such starts are skipped (their number is
 reported). The output folder gets `model-error.md` (a table per member and for the elite mean),
 `model-error.json` and, with matplotlib installed, `model-error.png`.
+
+`--precision bf16` runs the model under bfloat16 autocast, as `--run.precision bf16` runs it inside a
+MOBILE or RAVL update: comparing its report with the fp32 one of the same model and starts says what bf16
+does to the predictions against the model's own error.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from offrl.nets import autocast
 from world_models.ensemble import DynamicsEnsemble
 
 RESTORABLE = ("HopperEnv", "Walker2dEnv", "HalfCheetahEnv")
@@ -90,7 +95,7 @@ def model_rollouts(model: DynamicsEnsemble, obs: np.ndarray, actions: np.ndarray
 
 
 def evaluate_model(model: DynamicsEnsemble, dataset, env_spec, horizon: int = 10, starts: int = 200,
-                   seed: int = 0) -> dict:
+                   seed: int = 0, precision: str = "fp32") -> dict:
     import gymnasium as gym
 
     env = gym.make(env_spec)
@@ -112,13 +117,14 @@ def evaluate_model(model: DynamicsEnsemble, dataset, env_spec, horizon: int = 10
             if terminated:
                 break
     env.close()
-    pred_obs, pred_rew = model_rollouts(model, dataset.observations[rows], actions)
+    with autocast(model.input_mean.device, precision):
+        pred_obs, pred_rew = model_rollouts(model, dataset.observations[rows], actions)
     running = ~np.isnan(true_rew)  # [N, H]
     obs_error = np.linalg.norm(pred_obs - true_obs[None], axis=-1)  # [E + 1, N, H]
     rew_error = np.abs(pred_rew - true_rew[None])
     per_k = lambda x: [float(np.nanmean(np.where(running, x, np.nan)[:, k])) for k in range(horizon)]  # noqa: E731
     names = [f"member {i}{' (elite)' if i in model.elites else ''}" for i in range(model.members)] + ["elite mean"]
-    return {"horizon": horizon, "starts": len(rows), "candidates": len(candidates),
+    return {"horizon": horizon, "precision": precision, "starts": len(rows), "candidates": len(candidates),
             "candidates_with_clipped_velocity": len(candidates) - len(exact), "running_per_k": running.sum(0).tolist(),
             "obs_error": {name: per_k(obs_error[j]) for j, name in enumerate(names)},
             "reward_error": {name: per_k(rew_error[j]) for j, name in enumerate(names)},
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--horizon", type=int, default=10)
     parser.add_argument("--starts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="the model's forward passes in float32 or under bfloat16 autocast")
     args = parser.parse_args(argv)
     from offrl.data import load_dataset, suite
     from offrl.evaluation import env_spec_from_metadata
@@ -202,10 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
     suite.ensure(args.dataset)
     dataset = load_dataset(args.dataset)
     model = load_model(args.model, "cpu", dataset.obs_dim, dataset.act_dim)
-    report = evaluate_model(model, dataset, env_spec_from_metadata(dataset.metadata), args.horizon, args.starts, args.seed)
+    report = evaluate_model(model, dataset, env_spec_from_metadata(dataset.metadata), args.horizon, args.starts, args.seed,
+                            args.precision)
     report["model"] = describe_model(args.model, model)
     command = "python -m world_models.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_report(report, Path(args.out), f"Dynamics model error against the simulator on {args.dataset}", command)
+    write_report(report, Path(args.out), f"Dynamics model error against the simulator on {args.dataset}"
+                 + (" (bf16 autocast)" if args.precision == "bf16" else ""), command)
     print(f"wrote {Path(args.out) / 'model-error.md'}")
     return report
 
