@@ -8,6 +8,7 @@
 #   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR runs-grid)
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
+#   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: runs by state, steps and core-hours left
 #
 # Budget classes, one benchmarks.sweep each, sized for a 2-core CPU with AVX-512 (2 one-thread runs at a
 # time, --spread-threads at each sweep's tail) to finish in about 3 days. ms/update at 1 thread in fp32 from
@@ -64,7 +65,8 @@
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
-# above), DRY_RUN=1 (print the commands instead of running them).
+# above), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
+# --status`: finished, running, interrupted and unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-runs-grid}
@@ -76,6 +78,7 @@ mb_slow_steps=${MB_SLOW_STEPS:-3000}
 model_epochs=${MODEL_EPOCHS:-50}
 bf16=${BF16:-}
 dry=${DRY_RUN:-0}
+status=${STATUS:-0}
 all_algos="bc td3_bc iql cql riql dt rcsl mopo mobile ravl"
 only=${ONLY:-$all_algos}
 all_datasets=()
@@ -114,15 +117,21 @@ sweep() {  # NAME STEPS COMMON CLASS_ALGOS... : one benchmarks.sweep over the se
   local chosen=()
   mapfile -t chosen < <(variants "$@")
   [ ${#chosen[@]} -gt 0 ] || return 0
+  if [ "$status" = 1 ]; then  # benchmarks.sweep --status: reads the run folders, runs nothing
+    echo "$name ($steps steps):"
+    python -m benchmarks.sweep --name "$name" --out-dir "$out" --datasets "${datasets[@]}" --seeds 0 1 2 \
+      --steps "$steps" "${chosen[@]}" --status
+    return 0
+  fi
   run python -m benchmarks.sweep --name "$name" --out-dir "$out" --datasets "${datasets[@]}" --seeds 0 1 2 \
     --steps "$steps" --jobs "$jobs" --spread-threads --common "$common" "${chosen[@]}"
 }
 
 # 1. datasets (each made once; a made one is skipped)
-for ds in "${datasets[@]}"; do run python -m offrl.cli datasets make "$ds"; done
+[ "$status" = 1 ] || for ds in "${datasets[@]}"; do run python -m offrl.cli datasets make "$ds"; done
 
 # 2. one dynamics model per dataset for MOPO/MOBILE/RAVL, JOBS at a time (cached; reused by every run)
-if wanted mopo || wanted mobile || wanted ravl; then
+if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
   [ "$dry" = 1 ] || mkdir -p "$out/grid-models"
   pids=()
   for ds in "${datasets[@]}"; do
@@ -145,6 +154,7 @@ sweep grid-slow "$slow_steps" "--eval.every 1000 --eval.episodes 10 --run.checkp
 sweep grid-mopo "$mopo_steps" "--eval.every 2000 --eval.episodes 10 --run.checkpoint-every 1000" mopo
 sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.checkpoint-every 250" mobile ravl
 
+[ "$status" != 1 ] || exit 0
 # 4. the table from every finished run of the grid (whatever slices have run so far). The caption quotes
 # the budgets, not JOBS/ONLY/DATASETS, which do not change what a finished run holds, so the same run
 # folders give the same bytes.

@@ -32,6 +32,11 @@ checkout importable (e.g. `pip install -e .` at the same path) and the datasets 
 MINARI_DATASETS_PATH, and --out-dir must be a path every node and this machine see (a shared
 filesystem): the runs write there and the sweep reads their final.json there. Ctrl-C cancels the tasks;
 each stops its run with SIGTERM, which checkpoints, so the next invocation resumes.
+
+`--status` runs nothing: per variant, how many runs have finished, run now (their lock is held), were
+interrupted (a checkpoint to resume) or have not started, the steps left (from each unfinished run's
+last logged step), and at the variant's pace so far (its finished runs' training seconds per step, from
+final.json) the core-hours those steps need at --threads 1.
 """
 
 from __future__ import annotations
@@ -152,6 +157,68 @@ def unfinished(jobs: list[Job]) -> list[Job]:
     pending = [j for j in jobs if not j.done()]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to go", flush=True)
     return pending
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The last `step` in the run's metrics.jsonl (0 when none): how far an unfinished run got."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return 0
+    with open(metrics, "rb") as f:  # the tail is enough: a long run's file holds many rows
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+        tail = f.read().decode(errors="replace").splitlines()
+    for line in reversed(tail):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
+
+
+def run_state(job: Job) -> str:
+    """finished, running (another process holds the run's lock), interrupted (a checkpoint) or not started.
+    Testing the lock takes it for an instant; a sweep that meets it then waits for the run and tries again."""
+    if job.done():
+        return "finished"
+    if job.lock_path.exists():
+        with open(job.lock_path, "a") as lock:
+            if not try_lock(lock):
+                return "running"
+    return "interrupted" if job.has_checkpoint() else "not started"
+
+
+def status(jobs: list[Job]) -> list[dict]:
+    """One row per variant (label): run counts by state, steps left, and their core-hours at the finished runs'
+    pace (seconds per step from final.json's wall_seconds; None before any run of the variant finished)."""
+    rows: dict[str, dict] = {}
+    for job in jobs:
+        row = rows.setdefault(job.label, {"variant": job.label, "runs": 0, "finished": 0, "running": 0,
+                                          "interrupted": 0, "not started": 0, "steps_left": 0, "_paces": []})
+        state = run_state(job)
+        row["runs"] += 1
+        row[state] += 1
+        if state == "finished":
+            final = json.loads((job.run_dir / "final.json").read_text())
+            if final.get("wall_seconds"):
+                row["_paces"].append(final["wall_seconds"] / job.steps)
+        else:
+            row["steps_left"] += job.steps - min(job.steps, last_logged_step(job.run_dir))
+    for row in rows.values():
+        paces = row.pop("_paces")
+        row["seconds_per_step"] = sum(paces) / len(paces) if paces else None
+        row["core_hours_left"] = (row["steps_left"] * row["seconds_per_step"] / 3600
+                                  if row["seconds_per_step"] is not None else None)
+    return list(rows.values())
+
+
+def print_status(rows: list[dict]) -> None:
+    print(f"{'variant':24s} {'runs':>5s} {'finished':>9s} {'running':>8s} {'interrupted':>12s} {'not started':>12s} "
+          f"{'steps left':>11s} {'s/step':>8s} {'core-hours left':>16s}")
+    for r in rows:
+        pace = f"{r['seconds_per_step']:.4f}" if r["seconds_per_step"] is not None else "-"
+        hours = f"{r['core_hours_left']:.1f}" if r["core_hours_left"] is not None else "? (none finished)"
+        print(f"{r['variant']:24s} {r['runs']:5d} {r['finished']:9d} {r['running']:8d} {r['interrupted']:12d} "
+              f"{r['not started']:12d} {r['steps_left']:11d} {pace:>8s} {hours:>16s}")
 
 
 def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1) -> list[Job]:
@@ -377,7 +444,13 @@ def main(argv: list[str] | None = None) -> None:
                              "default: RAY_ADDRESS, else a Ray instance on this machine for this sweep")
     parser.add_argument("--ray-retries", type=int, default=3,
                         help="times Ray reruns a run whose worker or node died (it resumes from its checkpoint)")
+    parser.add_argument("--status", action="store_true",
+                        help="run nothing: print each variant's finished, running, interrupted and unstarted runs, "
+                             "steps left and their core-hours at the pace of its finished runs")
     args = parser.parse_args(argv)
+    if args.status:
+        print_status(status(jobs_of(args)))
+        return
     if args.backend == "ray" and args.spread_threads:
         parser.error("--spread-threads is for the local backend (a Ray task keeps the CPUs it asked for)")
     common = shlex.split(args.common)

@@ -454,6 +454,16 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql", "cql-bf16=cql --run.precision bf16"]
     assert not any("world_models.train" in line for line in part)
     assert all(line[line.index("--datasets") + 1:line.index("--seeds")] == ["offrl/hopper/medium-v0"] for line in sweeps)
+    # STATUS=1 reads the (here empty) run folders through benchmarks.sweep --status and makes or trains nothing
+    env = {k: v for k, v in os.environ.items() if k != "DRY_RUN"}
+    text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "status")], check=True,
+                          capture_output=True, text=True, env={**env, "STATUS": "1", "ONLY": "bc mopo"},
+                          timeout=120).stdout
+    assert [line for line in text.splitlines() if line.startswith("grid-")] == ["grid-fast (100000 steps):",
+                                                                                 "grid-mopo (20000 steps):"]
+    rows = {line.split()[0]: line.split()[1:7] for line in text.splitlines() if line.split()[0] in ("bc", "mopo")}
+    assert rows == {"bc": ["27", "0", "0", "0", "27", "2700000"], "mopo": ["27", "0", "0", "0", "27", "540000"]}
+    assert not (tmp_path / "status").exists()
 
 
 def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the_algorithms_accept(tmp_path):
@@ -535,3 +545,41 @@ def test_only_rollout_rounds_inside_the_timed_loop_count_toward_its_rollout_shar
               {"start": 29.5, "end": 31.0}]   # ends after the loop
     assert speed.seconds_in_loop(rounds, loop) == pytest.approx(3.5)
     assert speed.seconds_in_loop([], loop) == 0
+
+
+def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_finished_runs_pace(tmp_path, capsys):
+    """`--status` runs nothing; it reads the run folders: final.json (finished), a held lock (running), a
+    checkpoint (interrupted), nothing (not started); the steps left come from each unfinished run's last
+    logged step, the core-hours from the finished runs' wall_seconds per step."""
+    import argparse
+    import json
+
+    argv = ["--name", "s", "--out-dir", str(tmp_path), "--variant", "bc=bc", "--variant", "iql=iql",
+            "--datasets", "d", "--seeds", "0", "1", "2", "--steps", "100"]
+    jobs = {(j.label, j.seed): j for j in sweep.jobs_of(argparse.Namespace(
+        name="s", out_dir=str(tmp_path), variant=["bc=bc", "iql=iql"], datasets=["d"], seeds=[0, 1, 2], steps=100))}
+    for seed, wall in ((0, 36.0), (1, 72.0)):  # bc: two finished runs, 0.36 and 0.72 s a step
+        run_dir = jobs["bc", seed].run_dir
+        run_dir.mkdir(parents=True)
+        (run_dir / "final.json").write_text(json.dumps({"steps": 100, "wall_seconds": wall}))
+    interrupted = jobs["bc", 2].run_dir
+    (interrupted / "checkpoints").mkdir(parents=True)
+    (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
+    (interrupted / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 1.0}) + "\n" for k in (20, 40)))
+    running = jobs["iql", 0]
+    running.run_dir.mkdir(parents=True)
+    (running.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10}) + "\n")
+    with open(running.lock_path, "a") as lock:  # as the run's process holds it
+        assert sweep.try_lock(lock)
+        sweep.main([*argv, "--status"])
+        rows = {r["variant"]: r for r in sweep.status(list(jobs.values()))}
+    assert rows["bc"] == {"variant": "bc", "runs": 3, "finished": 2, "running": 0, "interrupted": 1, "not started": 0,
+                          "steps_left": 60, "seconds_per_step": pytest.approx(0.54),
+                          "core_hours_left": pytest.approx(60 * 0.54 / 3600)}
+    assert rows["iql"]["running"] == 1 and rows["iql"]["not started"] == 2 and rows["iql"]["steps_left"] == 290
+    assert rows["iql"]["seconds_per_step"] is None and rows["iql"]["core_hours_left"] is None
+    printed = capsys.readouterr().out
+    assert "? (none finished)" in printed
+    assert not jobs["iql", 2].run_dir.exists() and not jobs["iql", 2].lock_path.exists()  # it made nothing
+    # with the lock let go, that run counts as not started (no checkpoint yet)
+    assert {r["variant"]: r for r in sweep.status(list(jobs.values()))}["iql"]["not started"] == 3
