@@ -80,6 +80,34 @@ def test_training_learns_and_picks_the_lowest_holdout_members_as_elites():
     torch.testing.assert_close(model.input_mean, torch.as_tensor(inputs[trainer.train_rows].mean(0)), atol=1e-5, rtol=0)
 
 
+def test_bf16_training_steps_learn_as_fp32_ones_and_keep_fp32_cache_keys():
+    """`precision="bf16"` runs the training steps under bfloat16 autocast: other weights than fp32 after the same
+    epochs, the same learning (holdout error far below the start); fp32 models keep the cache key they had
+    before the option existed (the option is left out of the hash), bf16 ones get their own."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from world_models.train import cache_key
+
+    inputs, targets = linear_system()
+    trained = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, max_epochs=30, precision=precision))
+        trainer = EnsembleTrainer(model, inputs, targets, seed=0)
+        before = trainer.holdout_errors().mean()
+        fit(model, inputs, targets, trainer=trainer)
+        assert model.holdout_mse.numpy().mean() < 0.2 * before and model.linear_layers()[0].weight.dtype == torch.float32
+        trained[precision] = model.linear_layers()[0].weight.detach()
+    assert not torch.equal(trained["fp32"], trained["bf16"])
+    cfg = EnsembleConfig(**SMALL)
+    old = {k: v for k, v in asdict(cfg).items() if k != "precision"}
+    old_key = "abc-" + hashlib.sha256(json.dumps({"model": old, "seed": 3}, sort_keys=True).encode()).hexdigest()[:12]
+    assert cache_key("abc", cfg, 3) == old_key
+    assert cache_key("abc", EnsembleConfig(**SMALL, precision="bf16"), 3) != old_key
+
+
 def test_early_stopping_restores_the_best_snapshot_not_the_last_weights():
     inputs, targets = linear_system()
     model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, patience=2))

@@ -60,7 +60,10 @@ class TrainModelConfig:
 
 
 def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
-    config = json.dumps({"model": asdict(cfg), "seed": seed}, sort_keys=True)
+    model = asdict(cfg)
+    if model["precision"] == "fp32":  # as before the option existed: float32 models keep their keys
+        del model["precision"]
+    config = json.dumps({"model": model, "seed": seed}, sort_keys=True)
     return f"{dataset_checksum}-{hashlib.sha256(config.encode()).hexdigest()[:12]}"
 
 
