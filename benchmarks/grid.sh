@@ -55,7 +55,12 @@
 # part "model-based-epyc", one thread; a rollout round of 5 steps every 1000 at 1.45 s a step adds ~7.2 ms a
 # step): MOPO 11.9 + 7.2 ms, MOBILE 84.9 + 7.2, RAVL 137.3 + 7.2, so grid-mopo about 3.2 core-hours and
 # grid-mb-slow about 5.9 by the table's formula; the dynamics step timed 23.4 ms there (synthetic data), so
-# the 9 models take at most about 11.8 core-hours at 50 epochs (early stopping ends most sooner).
+# the 9 models take at most about 11.8 core-hours at 50 epochs (early stopping ends most sooner). Measured in
+# a real training there, the hopper medium-replay model (120k rows, 50 epochs: the cap) took 869 s in fp32
+# (seed 1) and 597 s with MODEL_PRECISION=bf16 (seed 0), each beside the same two 1-thread runs: scaled to the
+# 9.3M rows, at most ~18.7 core-hours in fp32 and ~12.9 in bf16. The bf16-trained model's error against the
+# simulator differs from the fp32 seed-0 model's by less than the fp32 seeds 0 and 1 differ from each other
+# (results/model-error-hopper-mr-grid-*; results/README).
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
 # in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and 0.085-0.11 s per online env step once
@@ -65,7 +70,7 @@
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
-# above), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
+# above), MODEL_PRECISION (fp32 or bf16: how the dynamics models train, and so which cached model the runs use), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
 # --status`: finished, running, interrupted and unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
@@ -76,6 +81,8 @@ slow_steps=${SLOW_STEPS:-10000}
 mopo_steps=${MOPO_STEPS:-20000}
 mb_slow_steps=${MB_SLOW_STEPS:-3000}
 model_epochs=${MODEL_EPOCHS:-50}
+model_precision=${MODEL_PRECISION:-fp32}
+case $model_precision in fp32 | bf16) ;; *) echo "MODEL_PRECISION must be fp32 or bf16, got '$model_precision'" >&2; exit 2 ;; esac
 bf16=${BF16:-}
 dry=${DRY_RUN:-0}
 status=${STATUS:-0}
@@ -105,7 +112,8 @@ variants() {  # CLASS_ALGOS... -> --variant arguments on stdout, one per line
     label=$algo extra=""
     case $algo in
       dt) extra="--warmup-steps 1000" ;;
-      mopo | mobile | ravl) extra="--model-seed 0 --model.max-epochs $model_epochs" ;;
+      mopo | mobile | ravl) extra="--model-seed 0 --model.max-epochs $model_epochs"
+        [ "$model_precision" = fp32 ] || extra+=" --model.precision $model_precision" ;;
     esac
     case " $bf16 " in *" $algo "*) label="$algo-bf16" extra="${extra:+$extra }--run.precision bf16" ;; esac
     printf '%s\n' --variant "$label=$algo${extra:+ $extra}"
@@ -136,6 +144,7 @@ if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
   pids=()
   for ds in "${datasets[@]}"; do
     model=(python -m world_models.train --dataset "$ds" --seed 0 --model.max-epochs "$model_epochs" --threads 1)
+    [ "$model_precision" = fp32 ] || model+=(--model.precision "$model_precision")
     log="$out/grid-models/${ds//\//-}.log"
     if [ "$dry" = 1 ]; then echo "$(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
@@ -159,7 +168,9 @@ sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.c
 # the budgets, not JOBS/ONLY/DATASETS, which do not change what a finished run holds, so the same run
 # folders give the same bytes.
 canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps MB_SLOW_STEPS=$mb_slow_steps"
-canonical+=" MODEL_EPOCHS=$model_epochs${bf16:+ BF16='$bf16'} benchmarks/grid.sh $out"
+canonical+=" MODEL_EPOCHS=$model_epochs"
+[ "$model_precision" = fp32 ] || canonical+=" MODEL_PRECISION=$model_precision"
+canonical+="${bf16:+ BF16='$bf16'} benchmarks/grid.sh $out"
 run python -m benchmarks.table "$out/grid-fast" "$out/grid-slow" "$out/grid-mopo" "$out/grid-mb-slow" \
   --out results/grid/grid.md --json results/grid/grid.json --plots results/grid/plots \
   --title "Offline RL grid: 10 algorithms on hopper, halfcheetah, walker2d x medium, medium-replay, medium-expert, 3 seeds, CPU budgets" \

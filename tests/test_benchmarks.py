@@ -454,6 +454,16 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql", "cql-bf16=cql --run.precision bf16"]
     assert not any("world_models.train" in line for line in part)
     assert all(line[line.index("--datasets") + 1:line.index("--seeds")] == ["offrl/hopper/medium-v0"] for line in sweeps)
+    # MODEL_PRECISION=bf16: the models train under bf16 and the runs ask for those models (the same cache key)
+    part = dry(ONLY="mopo ravl", DATASETS="offrl/hopper/medium-v0", MODEL_PRECISION="bf16")
+    trains = [line for line in part if line[:3] == ["python", "-m", "world_models.train"]]
+    assert len(trains) == 1 and trains[0][trains[0].index("--model.precision") + 1] == "bf16"
+    for line in (line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]):
+        for label, algo, extra in (sweep.parse_variant(line[i + 1]) for i, x in enumerate(line) if x == "--variant"):
+            assert extra[extra.index("--model.precision") + 1] == "bf16"
+            module = __import__(f"algos.{algo}", fromlist=["Config"])
+            assert tyro.cli(module.Config, args=["--dataset", "d", *extra]).model.precision == "bf16"
+    assert "MODEL_PRECISION=bf16" in part[-1][part[-1].index("--command") + 1]
     # STATUS=1 reads the (here empty) run folders through benchmarks.sweep --status and makes or trains nothing
     env = {k: v for k, v in os.environ.items() if k != "DRY_RUN"}
     text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "status")], check=True,
