@@ -42,8 +42,9 @@
 # --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run folders (a run cannot change
 # precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
 # BF16 may name MOPO, MOBILE and RAVL as well: their updates run under bf16 (MOBILE's Bellman penalty passes the
-# dynamics model inside the update), their rollouts and the dynamics training stay fp32; the hopper medium-replay
-# model's error against the simulator is the same in both (observations within 1%, rewards 5%; results/model-error-hopper-mr-grid-*).
+# dynamics model inside the update), their rollouts stay fp32, and MODEL_PRECISION says how the dynamics models
+# train. The hopper medium-replay model's error against the simulator under bf16 autocast is its fp32 error
+# within 1% (observations) and 5% (rewards; results/model-error-hopper-mr-grid-*).
 # On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
 # 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
 # BC run took 4.5 min), so the fast class takes 1.5-2x its hours there in fp32. Under bf16 it is the other
@@ -70,7 +71,8 @@
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
-# above), MODEL_PRECISION (fp32 or bf16: how the dynamics models train, and so which cached model the runs use), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
+# above), MODEL_PRECISION (fp32 or bf16: how the dynamics models train, and so which cached model the runs
+# use), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
 # --status`: finished, running, interrupted and unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell

@@ -17,8 +17,8 @@ reported). The output folder gets `model-error.md` (a table per member and for t
 `model-error.json` and, with matplotlib installed, `model-error.png`.
 
 `--precision bf16` runs the model under bfloat16 autocast, as `--run.precision bf16` runs it in MOBILE's
-Bellman penalty, inside its update: comparing its report with the fp32 one of the same model and starts says what bf16
-does to the predictions against the model's own error.
+Bellman penalty, inside its update: comparing its report with the fp32 one of the same model and starts
+says what bf16 does to the predictions against the model's own error.
 """
 
 from __future__ import annotations
