@@ -14,6 +14,7 @@ computes a 1-unit output without a batched product, and hidden ReLUs run in plac
 from __future__ import annotations
 
 import math
+import sys
 from contextlib import contextmanager
 from functools import partial
 from typing import Sequence
@@ -110,6 +111,13 @@ def cpu_has_native_bf16() -> bool | None:
     except OSError:
         return None
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16")) if flags else None
+
+
+def warn_if_emulated_bf16(precision: str, device: torch.device, option: str) -> None:
+    """Print a warning when `option` asks for bf16 on a CPU that would emulate it (far slower than fp32)."""
+    if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:
+        print(f"warning: {option} bf16 on a CPU without native bfloat16 (no AVX512-BF16 or AMX): "
+              "bf16 matmuls are emulated and far slower than fp32 here", file=sys.stderr)
 
 
 def autocast(device: torch.device, precision: str):

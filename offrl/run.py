@@ -38,7 +38,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
-from offrl.nets import autocast, cpu_has_native_bf16
+from offrl.nets import autocast, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
@@ -79,9 +79,7 @@ class Run:
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
-        if cfg.run.precision == "bf16" and self.device.type == "cpu" and cpu_has_native_bf16() is False:
-            print("warning: --run.precision bf16 on a CPU without native bfloat16 (no AVX512-BF16 or AMX): "
-                  "bf16 matmuls are emulated and far slower than fp32 here", file=sys.stderr)
+        warn_if_emulated_bf16(cfg.run.precision, self.device, "--run.precision")
         seed_everything(cfg.seed)
         self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
         self.dataset_name = sanitize(cfg.run_label)

@@ -108,6 +108,22 @@ def test_bf16_training_steps_learn_as_fp32_ones_and_keep_fp32_cache_keys():
     assert cache_key("abc", EnsembleConfig(**SMALL, precision="bf16"), 3) != old_key
 
 
+def test_bf16_training_on_a_cpu_that_would_emulate_it_warns(tiny, tmp_path, monkeypatch, capsys):
+    """--model.precision bf16 where bf16 matmuls are emulated (no AVX512-BF16 or AMX) trains far slower than fp32:
+    the training says so, as --run.precision does; on a CPU with bf16 it says nothing."""
+    from offrl import nets
+    from offrl.data import load_dataset
+    from world_models.train import load_or_train
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=2, elites=1, hidden=(8,), weight_decay=(0.0, 0.0), max_epochs=1, precision="bf16")
+    for native, folder in ((False, "emulated"), (True, "native")):
+        monkeypatch.setattr(nets, "cpu_has_native_bf16", lambda native=native: native)
+        load_or_train(dataset, cfg, cache_dir=tmp_path / folder, progress=False)
+        warned = "warning: --model.precision bf16 on a CPU without native bfloat16" in capsys.readouterr().err
+        assert warned == (not native)
+
+
 def test_early_stopping_restores_the_best_snapshot_not_the_last_weights():
     inputs, targets = linear_system()
     model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, patience=2))

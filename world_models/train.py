@@ -31,6 +31,7 @@ from offrl import checkpoint as ckpt
 from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
 from offrl.errors import CheckpointError, OffrlError
+from offrl.nets import warn_if_emulated_bf16
 from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, fit, transitions_to_training
 
 FORMAT = "offrl-dynamics-v1"
@@ -118,6 +119,7 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
     if retrain:
         for stale in (path, training):
             stale.unlink(missing_ok=True)
+    warn_if_emulated_bf16(cfg.precision, device, "--model.precision")
     inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
                                               dataset.next_observations)
     with torch.random.fork_rng(devices=[]):
