@@ -116,10 +116,10 @@ class RunConfig:
     """Gradient steps in float32, or under bfloat16 autocast: hidden-layer matmuls in bf16, output layers,
     weights and optimizer state in float32 (CQL and DT updates 2.3-2.8x faster on this project's AVX512-BF16
     CPU, results/speed-bf16.md; on an H100 only CQL gains, results/speed-gpu.md). Only the gradient step:
-    MOPO/MOBILE/RAVL's model rollouts stay fp32 and the dynamics model trains as --model.precision says, while the model passes of
-    MOBILE's Bellman penalty, inside its update, run under it (the model's error against the simulator is the
-    same in both: results/model-error-hopper-mr-grid-*). Not bit-compatible with fp32, so a run cannot be
-    resumed with the other precision."""
+    MOPO/MOBILE/RAVL's model rollouts stay fp32 and the dynamics model trains as --model.precision says,
+    while the model passes of MOBILE's Bellman penalty, inside its update, run under it (the model's error
+    against the simulator is the same in both: results/model-error-hopper-mr-grid-*). Not bit-compatible
+    with fp32, so a run cannot be resumed with the other precision."""
 
 
 @dataclass
