@@ -132,7 +132,7 @@ def _rows(run_dir):
 
 
 @cuda
-@pytest.mark.parametrize("algo,seeds", [("iql", ()), ("td3_bc", ()), ("cql", ()), ("iql", (0, 1))])
+@pytest.mark.parametrize("algo,seeds", [("iql", ()), ("td3_bc", ()), ("cql", ()), ("iql", (0, 1)), ("bc", (0, 1))])
 def test_a_graphed_cuda_run_resumed_ends_as_one_that_was_not(tiny, tmp_path, algo, seeds):
     """The real loop on CUDA (graphs on, evaluation, checkpoints): 800 steps straight against 400 steps,
     then a resume to 800, whose first steps are eager warm-ups again. Same logged rows and final scores.
