@@ -97,13 +97,17 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     return groups
 
 
-def machine_of(env: dict) -> str:
-    """Where a run ran, from its environment.json: processor, cores, device (and GPU), package versions."""
+def machine_of(env: dict, cpu_model: bool = False) -> str:
+    """Where a run ran, from its environment.json: processor (with `cpu_model`, its model name and whether it
+    multiplies bfloat16 natively), cores, device (and GPU), package versions."""
     device = env.get("device")
     if env.get("cuda_device"):
         device = f"{device} ({env['cuda_device']})"
+    processor = env.get("processor")
+    if cpu_model:
+        processor = f"{env['cpu_model']} ({processor}{', native bfloat16' if env.get('cpu_native_bf16') else ''})"
     packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items() if k in ("torch", "gymnasium", "mujoco", "minari"))
-    return f"{env.get('processor')}, {env.get('cpu_count')} cores, device {device}; {packages}"
+    return f"{processor}, {env.get('cpu_count')} cores, device {device}; {packages}"
 
 
 def _number(x: float | None) -> float | None:
@@ -155,8 +159,11 @@ def aggregate_scores(groups: dict) -> dict[str, dict]:
 
 def hardware_of(groups: dict, runs: list[dict]) -> str:
     machines: dict[str, list[str]] = defaultdict(list)  # machine description -> the rows that ran there
+    # CPU model names only when every run recorded one (runs from before offrl recorded it would otherwise
+    # read as another machine)
+    cpu_model = all(r["env"].get("cpu_model") for r in runs)
     for (row, _), rs in sorted(groups.items()):
-        for description in dict.fromkeys(machine_of(r["env"]) for r in rs):
+        for description in dict.fromkeys(machine_of(r["env"], cpu_model) for r in rs):
             if row not in machines[description]:
                 machines[description].append(row)
     if len(machines) == 1:

@@ -344,6 +344,12 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
             "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0") in caption
     same = table.render({("bc", "d"): groups[("bc", "d")]}, "t", None)
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in same
+    # CPU model names once every run recorded one; a run from before offrl recorded it hides them all
+    epyc = {**cpu, "cpu_model": "AMD EPYC 9R14", "cpu_native_bf16": True}
+    named = {("bc", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]]}
+    assert "Hardware: AMD EPYC 9R14 (x86_64, native bfloat16), 16 cores, device cpu;" in table.render(named, "t", None)
+    named[("bc", "d")][1]["env"] = cpu
+    assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in table.render(named, "t", None)
 
 
 def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path):
