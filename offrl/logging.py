@@ -19,7 +19,7 @@ PACKAGES = ("offrl", "torch", "numpy", "gymnasium", "mujoco", "minari", "tyro", 
 def environment_info(device) -> dict[str, Any]:
     import torch
 
-    from offrl.nets import cpu_has_native_bf16
+    from offrl.nets import cpu_has_native_bf16, cpu_model
 
     versions = {}
     for name in PACKAGES:
@@ -44,16 +44,6 @@ def environment_info(device) -> dict[str, Any]:
         info["cuda_device"] = torch.cuda.get_device_name(device)
         info["cuda_version"] = torch.version.cuda
     return info
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo ('AMD EPYC 9R14 ...'); None where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("model name")), None)
-    except OSError:
-        return None
-    return line.split(":", 1)[1].strip() if line else None
 
 
 def git_commit() -> str | None:

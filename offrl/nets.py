@@ -101,16 +101,27 @@ def precision_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first `field` line of /proc/cpuinfo; None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith(field)), None)
+    except OSError:
+        return None
+    return line.split(":", 1)[1].strip() if line else None
+
+
 def cpu_has_native_bf16() -> bool | None:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), from /proc/cpuinfo; None
     where that cannot be read. Without it, bf16 matmuls are emulated and far slower than float32 (a
     2048^3 matmul took 100 s against 0.5 s at one thread on an AVX2-only EPYC)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return None
+    flags = _cpuinfo("flags")
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16")) if flags else None
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo ('AMD EPYC 9R14 ...'); None where it cannot be read."""
+    return _cpuinfo("model name")
 
 
 def warn_if_emulated_bf16(precision: str, device: torch.device, option: str) -> None:
