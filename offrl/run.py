@@ -188,13 +188,25 @@ class Run:
 
     def _check_same_config(self, state: dict) -> None:
         saved, current = flatten(json.loads(state.get("config", "{}"))), flatten(self.config)
-        saved.setdefault("run.precision", "fp32")  # checkpoints from before the option trained in fp32
-        # Options that did not exist when the run started are allowed: new options keep old behaviour by default.
+        # An option that did not exist when the run started trained it at the option's default (new options keep
+        # the old behaviour by default), so the resume must ask for that default too (e.g. run.precision fp32,
+        # model.precision fp32: another value would train on, or load a dynamics model, unlike the run's start).
+        for key, value in self._default_config().items():
+            saved.setdefault(key, value)
         changed = [(key, saved[key], current.get(key)) for key in sorted(saved)
                    if not resumable(key) and saved[key] != current.get(key)]
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
+
+    def _default_config(self) -> dict[str, Any]:
+        """The run's Config class at its defaults, flattened as config.json stores it ({} where it has required
+        fields)."""
+        try:
+            default = type(self.cfg)()
+        except TypeError:
+            return {}
+        return flatten(json.loads(json.dumps(to_dict(default), default=str)))
 
     def _record_data(self, data: Any) -> None:
         meta = data.metadata

@@ -125,6 +125,26 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
+def test_resume_holds_an_option_newer_than_the_run_to_its_default(tiny, tmp_path):
+    """A checkpoint from before an option existed trained at its default: resuming it with another value would
+    change the run halfway (for --model.precision, load another dynamics model), so it is refused like any
+    changed option; the default is accepted."""
+    from offrl import checkpoint as ckpt
+
+    args = ["--steps", "30", "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled",
+            "--hidden", "32", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.td3_bc", *args)
+    last = only_run(tmp_path) / "checkpoints" / "last.pt"
+    state = ckpt.load(last)
+    config = json.loads(state["config"])
+    del config["run"]["precision"], config["run"]["cuda_graph"]  # as a run started before those options
+    ckpt.save(last, {**state, "config": json.dumps(config)})
+    more = [*args[2:], "--steps", "40", "--resume", "latest"]
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *more, "--run.precision", "bf16", check=False)
+    assert result.returncode == 1 and "run.precision: 'fp32' -> 'bf16'" in result.stderr, result.stderr
+    assert "at step 30" in run_cli(PYTHON, "-m", "algos.td3_bc", *more).stderr
+
+
 def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
     from algos.td3_bc import Config
     from offrl.run import Run
