@@ -44,7 +44,7 @@
 # BF16 may name MOPO, MOBILE and RAVL as well: their updates run under bf16 (MOBILE's Bellman penalty passes the
 # dynamics model inside the update), their rollouts stay fp32, and MODEL_PRECISION says how the dynamics models
 # train. The hopper medium-replay model's error against the simulator under bf16 autocast is its fp32 error
-# within 1% (observations) and 5% (rewards; results/model-error-hopper-mr-grid-*).
+# within 1% (observations) and 5.3% (rewards; results/model-error-hopper-mr-grid-*).
 # On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
 # 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
 # BC run took 4.5 min), so the fast class takes 1.5-2x its hours there in fp32. Under bf16 it is the other
@@ -59,9 +59,9 @@
 # the 9 models take at most about 11.8 core-hours at 50 epochs (early stopping ends most sooner). Measured in
 # a real training there, the hopper medium-replay model (120k rows, 50 epochs: the cap) took 869 s in fp32
 # (seed 1) and 597 s with MODEL_PRECISION=bf16 (seed 0), each beside the same two 1-thread runs: scaled to the
-# 9.3M rows, at most ~18.7 core-hours in fp32 and ~12.9 in bf16. The bf16-trained model's error against the
-# simulator differs from the fp32 seed-0 model's by less than the fp32 seeds 0 and 1 differ from each other
-# (results/model-error-hopper-mr-grid-*; results/README).
+# 9.3M rows, at most ~18.7 core-hours in fp32 and ~12.9 in bf16. The bf16-trained model's holdout error and
+# its errors against the simulator at k = 1 and 10 differ from the fp32 seed-0 model's by less than the fp32
+# seeds 0 and 1 differ from each other (results/model-error-hopper-mr-grid-*; results/README).
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
 # in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and 0.085-0.11 s per online env step once

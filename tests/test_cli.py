@@ -20,7 +20,7 @@ def check_run_dir(run_dir):
         assert (run_dir / name).exists(), name
     env = json.loads((run_dir / "environment.json").read_text())
     assert env["packages"]["torch"] and env["device"] == "cpu"
-    assert "cpu_model" in env and env["cpu_native_bf16"] in (True, False, None)  # None: no /proc/cpuinfo
+    assert "cpu_model" in env and "cpu_native_bf16" in env  # None where /proc/cpuinfo cannot be read
     return json.loads((run_dir / "final.json").read_text())
 
 
