@@ -34,9 +34,11 @@ filesystem): the runs write there and the sweep reads their final.json there. Ct
 each stops its run with SIGTERM, which checkpoints, so the next invocation resumes.
 
 `--status` runs nothing: per variant, how many runs have finished, run now (their lock is held), were
-interrupted (a checkpoint to resume) or have not started, the steps left (from each unfinished run's
-last logged step), and at the variant's pace so far (its finished runs' training seconds per step, from
-final.json) the core-hours those steps need at --threads 1.
+interrupted (a checkpoint to resume) or have not started, the steps left (from each started run's last
+logged step; it resumes at its last checkpoint, a little before), and at the variant's pace so far (its
+finished runs' wall seconds per step from final.json, evaluations and checkpoints included, at the
+threads they ran with) the core-hours those steps need. A run finished at another --steps counts as
+interrupted, as a sweep would resume it.
 """
 
 from __future__ import annotations
@@ -201,7 +203,9 @@ def status(jobs: list[Job]) -> list[dict]:
             final = json.loads((job.run_dir / "final.json").read_text())
             if final.get("wall_seconds"):
                 row["_paces"].append(final["wall_seconds"] / job.steps)
-        else:
+        elif state == "not started":  # a folder without a checkpoint is set aside and started from step 0
+            row["steps_left"] += job.steps
+        else:  # it resumes at its last checkpoint, up to --run.checkpoint-every before its last logged step
             row["steps_left"] += job.steps - min(job.steps, last_logged_step(job.run_dir))
     for row in rows.values():
         paces = row.pop("_paces")

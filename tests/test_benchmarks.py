@@ -597,5 +597,6 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
     printed = capsys.readouterr().out
     assert "? (none finished)" in printed
     assert not jobs["iql", 2].run_dir.exists() and not jobs["iql", 2].lock_path.exists()  # it made nothing
-    # with the lock let go, that run counts as not started (no checkpoint yet)
-    assert {r["variant"]: r for r in sweep.status(list(jobs.values()))}["iql"]["not started"] == 3
+    # with the lock let go, that run counts as not started (no checkpoint yet): a sweep starts it from step 0
+    after = {r["variant"]: r for r in sweep.status(list(jobs.values()))}["iql"]
+    assert after["not started"] == 3 and after["steps_left"] == 300
