@@ -102,8 +102,9 @@ wanted() { case " $only " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 run() {  # run a command, or with DRY_RUN=1 print it
   if [ "$dry" = 1 ]; then echo "$(quoted "$@")"; else "$@"; fi
 }
-if [ -n "$bf16" ] && [ "$dry" != 1 ] && ! grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
-  echo "warning: BF16='$bf16' on a CPU without native bfloat16: those runs will be far slower than in fp32" >&2
+if [ "$dry" != 1 ] && ! grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
+  [ -z "$bf16" ] || echo "warning: BF16='$bf16' on a CPU without native bfloat16: those runs will be far slower than in fp32" >&2
+  [ "$model_precision" = fp32 ] || echo "warning: MODEL_PRECISION=bf16 on a CPU without native bfloat16: the dynamics models will train far slower than in fp32" >&2
 fi
 
 # A variant per selected algorithm: label=algo [options]; under BF16 the label gets -bf16.

@@ -722,13 +722,9 @@ def offrl_worker(args) -> dict:
 
 # ------------------------------------------------------------------------------------------ driver
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from offrl.nets import cpu_model as model_name
+
+    return model_name() or platform.processor() or platform.machine()
 
 
 def measure(side: str, args, algo: str, threads: int, data: Path, json_dir: Path, tag: str) -> dict:

@@ -140,8 +140,9 @@ def describe_model(path: str | Path, model: DynamicsEnsemble) -> str:
     epochs = f", trained {saved['epochs']} epochs" if saved.get("epochs") is not None else ""
     cap = f" (capped at {cfg.max_epochs})" if cfg.max_epochs is not None else " (early stopping)"
     holdout = ", ".join(f"{x:.3g}" for x in model.holdout_mse.tolist())
-    return (f"Model: {model.members} members of {' x '.join(map(str, cfg.hidden))}{epochs}{cap if epochs else ''}, "
-            f"seed {saved.get('seed')}, elites {model.elites}, holdout MSE per member {holdout}.")
+    precision = ", its training steps under bf16 autocast" if cfg.precision == "bf16" else ""
+    return (f"Model: {model.members} members of {' x '.join(map(str, cfg.hidden))}{epochs}{cap if epochs else ''}"
+            f"{precision}, seed {saved.get('seed')}, elites {model.elites}, holdout MSE per member {holdout}.")
 
 
 def write_report(report: dict, out: Path, title: str, command: str) -> None:
