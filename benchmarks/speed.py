@@ -235,6 +235,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         start = time.perf_counter()
         eager = copy.deepcopy(cfg)
         eager.run.cuda_graph = False
+        eager.run.compile = False  # the same arithmetic; compiled kernels would hide from the counter as well
         flops = 1e9 * time_algorithm(algo, device, 2, 1, 2, cfg=eager, data=data, precision=precision)["gflop_per_update"]
         eager_count_s = time.perf_counter() - start
     return {"algo": algo, "batch_size": cfg.batch_size, "median_ms": median_ms,

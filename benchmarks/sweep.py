@@ -55,6 +55,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from offrl.checkpoint import has_checkpoint, try_lock
+from offrl.logging import step_of
 from offrl.data.sources import sanitize
 
 
@@ -169,12 +170,7 @@ def last_logged_step(run_dir: Path) -> int:
     with open(metrics, "rb") as f:  # the tail is enough: a long run's file holds many rows
         f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
         tail = f.read().decode(errors="replace").splitlines()
-    for line in reversed(tail):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return 0
+    return next((int(step) for step in map(step_of, reversed(tail)) if step is not None), 0)
 
 
 def run_state(job: Job) -> str:

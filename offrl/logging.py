@@ -113,18 +113,19 @@ class Logger:
             self.wandb_run = None
 
 
+def step_of(line: str) -> int | None:
+    """The step of one metrics.jsonl row; None for a line cut off by a killed process (or without a step)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows logged after `last_step` (they came from steps a resumed run will redo), and a last
     line cut off by a killed process."""
     if not path.exists():
         return
-
-    def step_of(line: str) -> int | None:
-        try:
-            return json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):
-            return None
-
     kept = [line for line in path.read_text().splitlines()
             if line.strip() and (step := step_of(line)) is not None and step <= last_step]
     tmp = path.with_suffix(".tmp")
