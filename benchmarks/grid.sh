@@ -5,7 +5,7 @@
 # finished runs are skipped, interrupted ones continue from their last checkpoint, a killed dynamics-model
 # training from its last epoch. The table regenerates byte-for-byte from the run folders.
 #
-#   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR runs-grid)
+#   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR results/grid/runs)
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
 #   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: runs by state, steps and core-hours left
@@ -69,6 +69,13 @@
 # 30 core-hours for even 10k + 10k steps on the 27 dataset-seed pairs (four online variants each);
 # benchmarks/wsrl.sh runs it on one dataset.
 #
+# Run folders: by default in the repository, results/grid/runs/<sweep>/<variant>/<algo>/<dataset>/<seed>-sweep,
+# where .gitignore keeps out their checkpoints, locks and logs, so a finished run's record (config.json,
+# dataset.json, environment.json, metrics.jsonl, final.json: ~30 KB) can be committed and the table
+# regenerates from a clean checkout. Commit the finished ones as they land (a run folder with a final.json),
+# e.g. `git add $(dirname $(git ls-files -o --exclude-standard 'results/grid/runs/*final.json'))`: a machine
+# that goes away takes only its unfinished runs' checkpoints with it, and the next one skips every committed run.
+#
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
 # above), MODEL_PRECISION (fp32 or bf16: how the dynamics models train, and so which cached model the runs
@@ -76,7 +83,7 @@
 # --status`: finished, running, interrupted and unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
-out=${1:-runs-grid}
+out=${1:-results/grid/runs}
 jobs=${JOBS:-2}
 fast_steps=${FAST_STEPS:-100000}
 slow_steps=${SLOW_STEPS:-10000}
