@@ -600,3 +600,30 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
     # with the lock let go, that run counts as not started (no checkpoint yet): a sweep starts it from step 0
     after = {r["variant"]: r for r in sweep.status(list(jobs.values()))}["iql"]
     assert after["not started"] == 3 and after["steps_left"] == 300
+
+
+def test_committed_grid_table_regenerates_from_the_committed_run_folders(tmp_path):
+    """results/grid/grid.md and grid.json are what grid.sh's table command makes from the run folders committed
+    under results/grid/runs, byte for byte: the budgets and precision come from the table's own caption, the
+    command from `DRY_RUN=1 benchmarks/grid.sh`, and only its output paths move to a temporary folder."""
+    import os
+    import re
+    import shlex
+    import subprocess
+
+    md = (ROOT / "results" / "grid" / "grid.md").read_text()
+    words = shlex.split(re.search(r"^Command: `(.*)`$", md, re.M).group(1))
+    script = words.index("benchmarks/grid.sh")
+    assert words[script + 1:] == ["results/grid/runs"], "the committed table must come from the committed run folders"
+    env = dict(word.split("=", 1) for word in words[:script])
+    printed = subprocess.run(["bash", "benchmarks/grid.sh", "results/grid/runs"], cwd=ROOT, check=True, text=True,
+                             capture_output=True, env={**os.environ, **env, "DRY_RUN": "1"}, timeout=120).stdout
+    command = shlex.split(printed.splitlines()[-1])
+    assert command[:3] == ["python", "-m", "benchmarks.table"]
+    for option, name in (("--out", "grid.md"), ("--json", "grid.json"), ("--plots", "plots")):
+        command[command.index(option) + 1] = str(tmp_path / name)
+    subprocess.run([PYTHON, *command[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    for name in ("grid.md", "grid.json"):
+        assert (tmp_path / name).read_bytes() == (ROOT / "results" / "grid" / name).read_bytes(), (
+            f"results/grid/{name} is not what the run folders under results/grid/runs give: a run finished or was "
+            "added after the table was made; make it again with grid.sh's step-4 command (DRY_RUN=1 prints it)")
