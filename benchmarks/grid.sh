@@ -71,7 +71,7 @@
 #
 # Run folders: by default in the repository, results/grid/runs/<sweep>/<variant>/<algo>/<dataset>/<seed>-sweep,
 # where .gitignore keeps out their checkpoints, locks and logs, so a finished run's record (config.json,
-# dataset.json, environment.json, metrics.jsonl, final.json: ~30 KB) can be committed and the table
+# dataset.json, environment.json, metrics.jsonl, final.json: 20-40 KB) can be committed and the table
 # regenerates from a clean checkout. Commit the finished ones as they land (a run folder with a final.json),
 # e.g. `git add $(dirname $(git ls-files -o --exclude-standard 'results/grid/runs/*final.json'))`: a machine
 # that goes away takes only its unfinished runs' checkpoints with it, and the next one skips every committed run.
