@@ -73,8 +73,11 @@
 # where .gitignore keeps out their checkpoints, locks and logs, so a finished run's record (config.json,
 # dataset.json, environment.json, metrics.jsonl, final.json: 20-40 KB) can be committed and the table
 # regenerates from a clean checkout. Commit the finished ones as they land (a run folder with a final.json),
-# e.g. `git add $(dirname $(git ls-files -o --exclude-standard 'results/grid/runs/*final.json'))`: a machine
-# that goes away takes only its unfinished runs' checkpoints with it, and the next one skips every committed run.
+# e.g. `git add $(dirname $(git ls-files -o --exclude-standard 'results/grid/runs/*final.json'))`, together with
+# the table made from the committed folders (step 4's command, which DRY_RUN=1 prints; run at the end of every
+# slice; tests/test_benchmarks.py checks that the committed table is what the committed folders give): a
+# machine that goes away takes only its unfinished runs' checkpoints with it, and the next one skips every
+# committed run.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
