@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# RIQL on clean data with rewards scaled as CORL's IQL scales them (--data.normalize-reward: r * 1000 /
+# (max return - min return)), on the suite's three hopper datasets, 3 seeds, 100k bf16 steps: the grid's
+# budget and options (benchmarks/grid.sh, class grid-fast) with that one option added, so its rows compare
+# with the grid's riql-bf16 rows (RIQL's reference setting: raw rewards). Resumable (rerun after an
+# interruption); run folders go to results/riql-reward-scale/runs (records committed, as the grid's).
+#   JOBS=2 benchmarks/riql_reward_scale.sh [OUT_DIR]
+set -euo pipefail
+quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
+out=${1:-results/riql-reward-scale/runs}
+datasets=(offrl/hopper/medium-v0 offrl/hopper/medium-replay-v0 offrl/hopper/medium-expert-v0)
+for ds in "${datasets[@]}"; do python -m offrl.cli datasets make "$ds"; done
+sweep=(python -m benchmarks.sweep --name riql-reward-scale --out-dir "$out" --datasets "${datasets[@]}" --seeds 0 1 2
+       --steps 100000 --jobs "${JOBS:-2}" --threads 1
+       --common "--eval.every 10000 --eval.episodes 10 --run.checkpoint-every 5000 --run.precision bf16"
+       --variant "riql-rnorm-bf16=riql --data.normalize-reward")
+"${sweep[@]}"
+python -m benchmarks.table "$out/riql-reward-scale" --out results/riql-reward-scale/riql-reward-scale.md \
+  --json results/riql-reward-scale/riql-reward-scale.json \
+  --title "RIQL with CORL IQL's reward scaling on the suite's hopper datasets, clean data, 100k bf16 steps" \
+  --command "$(quoted "${sweep[@]}")"
