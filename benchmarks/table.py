@@ -80,15 +80,21 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
-            reevaluate: tuple[int, int] | None = None) -> dict[tuple[str, str], list[dict]]:
+            reevaluate: tuple[int, int] | None = None, variants: list[str] | None = None,
+            datasets: list[str] | None = None) -> dict[tuple[str, str], list[dict]]:
     """{(row label, dataset): [run, ...]} for run folders <root>/<label>/<algo>/<dataset>/<run>/ of one or
     more sweep folders; with several metrics (e.g. RCSL's per-target scores) each gets its own row,
-    labelled 'variant [metric]'."""
+    labelled 'variant [metric]'. `variants` / `datasets` keep only runs of those variant labels / dataset
+    ids (e.g. a few of a large sweep's rows beside a small study's)."""
     metrics = metrics or ["eval/normalized_score"]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     roots = [roots] if isinstance(roots, Path) else roots
     for root, final in ((root, final) for root in roots for final in sorted(root.glob("*/*/*/*/final.json"))):
         label = final.parent.relative_to(root).parts[0]
+        if variants is not None and label not in variants:
+            continue
+        if datasets is not None and json.loads(final.read_text())["dataset"] not in datasets:
+            continue
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
             if run is not None and run["final"] is not None:
@@ -338,6 +344,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--command", default=None, help="the sweep command, quoted in the caption")
     parser.add_argument("--metric", action="append", default=None,
                         help="final.json key to report (repeatable; default eval/normalized_score)")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="LABEL",
+                        help="only the runs of these variant labels (the folder under a root; default all)")
+    parser.add_argument("--datasets", nargs="+", default=None, metavar="ID",
+                        help="only the runs on these dataset ids (default all)")
     parser.add_argument("--reevaluate", type=int, metavar="EPISODES",
                         help="final = each run's final checkpoint evaluated again with this many episodes")
     parser.add_argument("--reeval-seed", type=int, default=10_000, help="reset seed of the first re-evaluation episode")
@@ -349,7 +359,7 @@ def main(argv: list[str] | None = None) -> str:
         print(f"note: rliable did not import ({stats.IMPORT_ERROR}); the same statistics come from "
               "benchmarks/stats.py's copy of its bootstrap. pip install -e '.[stats]'", file=sys.stderr)
     extras = args.json is not None or args.plots is not None
-    summary = summarize(collect(args.roots, args.metric, reevaluate), args.title, args.command,
+    summary = summarize(collect(args.roots, args.metric, reevaluate, args.variants, args.datasets), args.title, args.command,
                         args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
                         profiles=extras, curves=extras)
     links = None
