@@ -27,6 +27,13 @@ quantile and K from the paper's config are in docs/FACTS.md. As in CORL/RIQL, th
 target use V before its update (official IQL uses it after).
 RIQL initializes its critics as EDAC does, and so do we (`offrl.nets.edac_critic_init`: hidden biases 0.1,
 last layer U(+-3e-3), hidden weights U(+-1/sqrt(out)), the first layer's included).
+Rewards stay raw by default, as in RIQL's code (CORL's IQL scales them by 1000 / return range). On clean
+data at short budgets this matters: beta 3 on advantages in raw reward units (hopper: about 3 a step) puts
+the mean AWR weight at about 7-22 on the suite's hopper datasets, where IQL's scaled rewards give it 1.2-1.7
+on medium and medium-expert, so the actor regresses onto few transitions. At the grid's 100k steps,
+`--data.normalize-reward` brings the mean weight to about 1 on hopper medium and medium-expert and lifts
+RIQL there toward IQL, but not on medium-replay, where the weights stay at 9-19 as IQL's do (13-14)
+(results/riql-reward-scale/, benchmarks/riql_reward_scale.sh). The paper's 3M steps were not run here.
 Deviations: the actor's cosine schedule spans --steps (the reference's spans 3M steps whatever the run's
 length, so a shortened run decays its actor's learning rate fully here and hardly at all there); the
 Gaussian actor (`--actor gaussian`, not the default) has a tanh on its mean, the reference's none.

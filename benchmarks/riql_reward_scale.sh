@@ -2,9 +2,10 @@
 # RIQL on clean data with rewards scaled as CORL's IQL scales them (--data.normalize-reward: r * 1000 /
 # (max return - min return)), on the suite's three hopper datasets, 3 seeds, 100k bf16 steps: the grid's
 # budget and options (benchmarks/grid.sh, class grid-fast) with that one option added, so its rows compare
-# with the grid's riql-bf16 rows (RIQL's reference setting: raw rewards). Resumable (rerun after an
-# interruption); run folders go to results/riql-reward-scale/runs (records committed, as the grid's).
-#   JOBS=2 benchmarks/riql_reward_scale.sh [OUT_DIR]
+# with the grid's riql-bf16 rows (RIQL's reference setting: raw rewards), which the table shows beside it
+# with IQL's. Resumable (rerun after an interruption); run folders go to results/riql-reward-scale/runs
+# (records committed, as the grid's).
+#   JOBS=2 [GRID_RUNS=results/grid/runs/grid-fast] benchmarks/riql_reward_scale.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-results/riql-reward-scale/runs}
@@ -15,7 +16,11 @@ sweep=(python -m benchmarks.sweep --name riql-reward-scale --out-dir "$out" --da
        --common "--eval.every 10000 --eval.episodes 10 --run.checkpoint-every 5000 --run.precision bf16"
        --variant "riql-rnorm-bf16=riql --data.normalize-reward")
 "${sweep[@]}"
-python -m benchmarks.table "$out/riql-reward-scale" --out results/riql-reward-scale/riql-reward-scale.md \
-  --json results/riql-reward-scale/riql-reward-scale.json \
-  --title "RIQL with CORL IQL's reward scaling on the suite's hopper datasets, clean data, 100k bf16 steps" \
-  --command "$(quoted "${sweep[@]}")"
+# the table: this sweep's runs beside the grid's riql-bf16 (reference: raw rewards) and iql-bf16 runs on the
+# same datasets, at the same budget and options
+grid=${GRID_RUNS:-results/grid/runs/grid-fast}
+python -m benchmarks.table "$out/riql-reward-scale" "$grid" --variants riql-rnorm-bf16 riql-bf16 iql-bf16 \
+  --datasets "${datasets[@]}" --out results/riql-reward-scale/riql-reward-scale.md \
+  --json results/riql-reward-scale/riql-reward-scale.json --plots results/riql-reward-scale/plots \
+  --title "RIQL with and without CORL IQL's reward scaling, beside IQL, on the suite's hopper datasets, clean data, 100k bf16 steps" \
+  --command "$(quoted "${sweep[@]}") (rows riql-rnorm-bf16); rows riql-bf16 and iql-bf16: the grid's runs in $grid (benchmarks/grid.sh, the command in results/grid/grid.md)"

@@ -265,6 +265,16 @@ def test_table_reports_several_metrics_and_reevaluated_final_scores(sweeps):
     assert f"| {mean:.1f} ± " in bc_row
 
 
+def test_table_keeps_only_the_variants_and_datasets_asked_for(sweeps):
+    roots = [sweeps["root"] / "local", sweeps["root"] / "ray"]
+    both = table.collect(roots)
+    assert sorted(both) == [("bc", "offrl/tiny-v0"), ("td3", "offrl/tiny-v0")]
+    assert sorted(table.collect(roots, variants=["td3"])) == [("td3", "offrl/tiny-v0")]
+    assert table.collect(roots, variants=["td3"])[("td3", "offrl/tiny-v0")] == both[("td3", "offrl/tiny-v0")]
+    assert table.collect(roots, datasets=["offrl/other-v0"]) == {}
+    assert sorted(table.collect(roots, variants=["bc", "td3"], datasets=["offrl/tiny-v0"])) == sorted(both)
+
+
 def test_plots_cli_writes_the_pngs(sweeps, tmp_path):
     written = run_cli(PYTHON, "-m", "benchmarks.plots", str(sweeps["root"] / "local"), "--out-dir", str(tmp_path / "p"),
                       "--reps", "200").stdout.split()
@@ -627,3 +637,22 @@ def test_committed_grid_table_regenerates_from_the_committed_run_folders(tmp_pat
         assert (tmp_path / name).read_bytes() == (ROOT / "results" / "grid" / name).read_bytes(), (
             f"results/grid/{name} is not what the run folders under results/grid/runs give: a run finished or was "
             "added after the table was made; make it again with grid.sh's step-4 command (DRY_RUN=1 prints it)")
+
+
+def test_committed_riql_reward_scale_table_regenerates_from_its_committed_run_folders(tmp_path):
+    """results/riql-reward-scale/ is what benchmarks/riql_reward_scale.sh's table command makes from the run
+    folders committed beside it and the grid's riql-bf16 and iql-bf16 hopper runs, byte for byte (title and
+    command read back from its JSON)."""
+    import subprocess
+
+    folder = ROOT / "results" / "riql-reward-scale"
+    summary = json.loads((folder / "riql-reward-scale.json").read_text())
+    hopper = [f"offrl/hopper/{level}-v0" for level in ("medium", "medium-replay", "medium-expert")]
+    subprocess.run([PYTHON, "-m", "benchmarks.table", "results/riql-reward-scale/runs/riql-reward-scale",
+                    "results/grid/runs/grid-fast", "--variants", "riql-rnorm-bf16", "riql-bf16", "iql-bf16",
+                    "--datasets", *hopper, "--out", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json"),
+                    "--plots", str(tmp_path / "plots"), "--title", summary["title"], "--command", summary["command"]],
+                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    assert summary["runs"] == 27, "3 variants x 3 hopper datasets x 3 seeds"
+    assert (tmp_path / "t.md").read_bytes() == (folder / "riql-reward-scale.md").read_bytes()
+    assert (tmp_path / "t.json").read_bytes() == (folder / "riql-reward-scale.json").read_bytes()
