@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -612,47 +613,55 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
     assert after["not started"] == 3 and after["steps_left"] == 300
 
 
+def assert_committed_table_regenerates(script: str, args: list[str], env: dict, folder: Path, names: tuple[str, ...],
+                                        tmp_path, hint: str):
+    """The last command `DRY_RUN=1 bash <script> <args>` prints is a benchmarks.table command; run with its
+    --out/--json/--plots moved into tmp_path, it gives the committed files `names` in `folder`, byte for byte."""
+    import os
+    import shlex
+    import subprocess
+
+    printed = subprocess.run(["bash", script, *args], cwd=ROOT, check=True, text=True, capture_output=True,
+                             env={**os.environ, **env, "DRY_RUN": "1"}, timeout=120).stdout
+    command = shlex.split(printed.splitlines()[-1])
+    assert command[:3] == ["python", "-m", "benchmarks.table"]
+    committed = {}
+    for option in ("--out", "--json", "--plots"):
+        if option in command:
+            path = Path(command[command.index(option) + 1])
+            committed[path.name] = ROOT / path
+            command[command.index(option) + 1] = str(tmp_path / path.name)
+    assert sorted(committed) == sorted([*names, "plots"])
+    subprocess.run([PYTHON, *command[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    for name in names:
+        assert committed[name] == folder / name
+        assert (tmp_path / name).read_bytes() == committed[name].read_bytes(), f"{folder.name}/{name}: {hint}"
+
+
 def test_committed_grid_table_regenerates_from_the_committed_run_folders(tmp_path):
     """results/grid/grid.md and grid.json are what grid.sh's table command makes from the run folders committed
     under results/grid/runs, byte for byte: the budgets and precision come from the table's own caption, the
     command from `DRY_RUN=1 benchmarks/grid.sh`, and only its output paths move to a temporary folder."""
-    import os
     import re
     import shlex
-    import subprocess
 
     md = (ROOT / "results" / "grid" / "grid.md").read_text()
     words = shlex.split(re.search(r"^Command: `(.*)`$", md, re.M).group(1))
     script = words.index("benchmarks/grid.sh")
     assert words[script + 1:] == ["results/grid/runs"], "the committed table must come from the committed run folders"
     env = dict(word.split("=", 1) for word in words[:script])
-    printed = subprocess.run(["bash", "benchmarks/grid.sh", "results/grid/runs"], cwd=ROOT, check=True, text=True,
-                             capture_output=True, env={**os.environ, **env, "DRY_RUN": "1"}, timeout=120).stdout
-    command = shlex.split(printed.splitlines()[-1])
-    assert command[:3] == ["python", "-m", "benchmarks.table"]
-    for option, name in (("--out", "grid.md"), ("--json", "grid.json"), ("--plots", "plots")):
-        command[command.index(option) + 1] = str(tmp_path / name)
-    subprocess.run([PYTHON, *command[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
-    for name in ("grid.md", "grid.json"):
-        assert (tmp_path / name).read_bytes() == (ROOT / "results" / "grid" / name).read_bytes(), (
-            f"results/grid/{name} is not what the run folders under results/grid/runs give: a run finished or was "
-            "added after the table was made; make it again with grid.sh's step-4 command (DRY_RUN=1 prints it)")
+    assert_committed_table_regenerates(
+        "benchmarks/grid.sh", ["results/grid/runs"], env, ROOT / "results" / "grid", ("grid.md", "grid.json"), tmp_path,
+        "not what the run folders under results/grid/runs give: a run finished or was added after the table was "
+        "made; make it again with grid.sh's step-4 command (DRY_RUN=1 prints it)")
 
 
 def test_committed_riql_reward_scale_table_regenerates_from_its_committed_run_folders(tmp_path):
-    """results/riql-reward-scale/ is what benchmarks/riql_reward_scale.sh's table command makes from the run
-    folders committed beside it and the grid's riql-bf16 and iql-bf16 hopper runs, byte for byte (title and
-    command read back from its JSON)."""
-    import subprocess
-
+    """results/riql-reward-scale/ is what benchmarks/riql_reward_scale.sh's table command (DRY_RUN=1 prints it)
+    makes from the run folders committed beside it and the grid's riql-bf16 and iql-bf16 hopper runs, byte for
+    byte."""
     folder = ROOT / "results" / "riql-reward-scale"
-    summary = json.loads((folder / "riql-reward-scale.json").read_text())
-    hopper = [f"offrl/hopper/{level}-v0" for level in ("medium", "medium-replay", "medium-expert")]
-    subprocess.run([PYTHON, "-m", "benchmarks.table", "results/riql-reward-scale/runs/riql-reward-scale",
-                    "results/grid/runs/grid-fast", "--variants", "riql-rnorm-bf16", "riql-bf16", "iql-bf16",
-                    "--datasets", *hopper, "--out", str(tmp_path / "t.md"), "--json", str(tmp_path / "t.json"),
-                    "--plots", str(tmp_path / "plots"), "--title", summary["title"], "--command", summary["command"]],
-                   cwd=ROOT, check=True, capture_output=True, timeout=300)
-    assert summary["runs"] == 27, "3 variants x 3 hopper datasets x 3 seeds"
-    assert (tmp_path / "t.md").read_bytes() == (folder / "riql-reward-scale.md").read_bytes()
-    assert (tmp_path / "t.json").read_bytes() == (folder / "riql-reward-scale.json").read_bytes()
+    assert json.loads((folder / "riql-reward-scale.json").read_text())["runs"] == 27, "3 variants x 3 datasets x 3 seeds"
+    assert_committed_table_regenerates(
+        "benchmarks/riql_reward_scale.sh", [], {}, folder, ("riql-reward-scale.md", "riql-reward-scale.json"), tmp_path,
+        "not what the committed run folders give; make it again with the script's last command (DRY_RUN=1 prints it)")
