@@ -29,8 +29,11 @@ weights are subtracted, as in github.com/nakamotoo/Cal-QL (`conservative_sac.py`
 Defaults (docs/FACTS.md sections 4 and 17): 3x256 Q and tanh-Gaussian policy, N = 10, T = 1, Q lr 3e-4,
 policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gamma 0.99, tau 5e-3, raw
 (unnormalized) states, as the official README's recommended command and OfflineRL-Kit, neither of which
-normalizes states. CORL differs in three places, each one flag away: `--cql-alpha 10 --actor-lr 3e-5
---data.normalize-states` (std + 1e-3). WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
+normalizes states; no BC warm start (`--bc-steps 0`, as CORL and OfflineRL-Kit; the official code's
+`policy_eval_start` is 40000). CORL's settings are one flag away: `--cql-alpha 10 --actor-lr 3e-5
+--data.normalize-states` (std + 1e-3), and `--data.normalize-reward` on hopper-medium as its YAML; CORL's
+orthogonal initialization (gain sqrt(2), 1e-2 on the last layer) and its actor's log-std (multiplier 1,
+offset -1, clipped to [-20, 2]) have no flag here. WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
 `--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
 (250k steps; a step took ~175 ms at one thread on a 2-core AMD EPYC, float32, eager); algos/wsrl.py fine-tunes its
 checkpoint. With `--critic-subsample k` the target's min and the conservative penalty each use k critics drawn

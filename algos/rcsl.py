@@ -20,10 +20,12 @@ With no hold-out (`--holdout-ratio 0`, or too few transitions for one row) there
 the last weights are the policy, as in MBRCSL's trainer.
 
 Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs), states
-normalized, rtg_scale 1000. Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
-xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one parameter
-per action dimension); the best hold-out weights are kept also when training runs to --steps without
-stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode
+normalized, rtg_scale 1000, and MBRCSL's conditioning and loss (`--conditioning rtg --head deterministic`);
+RvS-R itself is `--conditioning average --head gaussian` (its loss is the Gaussian's negative
+log-likelihood). Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
+xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
+parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
+without stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode
 return (MBRCSL conditions on the best return of its data).
 
 `train_policy(dataset, cfg, ...)` trains on any Dataset and returns an `RCSLPolicy`: MBRCSL uses it on

@@ -4,6 +4,7 @@
     offrl datasets info <id-or-path>          size, returns, reference scores, checksum
     offrl datasets validate <id-or-path>      load, check every field and the env's spaces
     offrl datasets make <id> [--force]        generate an offrl dataset (e.g. offrl/tiny-v0)
+    offrl datasets verify [<id>]              regenerate offrl datasets and compare their checksums
     offrl train <algo> [options]              same options as `python -m algos.<algo>`
     offrl eval <run> [--episodes N]           evaluate a saved run (folder or checkpoint) again
 
@@ -21,7 +22,7 @@ import warnings
 
 from offrl.errors import OffrlError
 
-ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "wsrl")
+ALGORITHMS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "mbrcsl", "wsrl")
 
 
 def main(argv: list[str] | None = None) -> None:

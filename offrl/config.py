@@ -43,7 +43,8 @@ class DataConfig:
     reward_bias: float = 0.0
     """Add this to rewards (after scaling)."""
     clip_actions: bool = False
-    """Clip dataset actions into the env's bounds shrunk by 1e-5 (keeps atanh/log-probs finite)."""
+    """Clip dataset actions into the env's bounds, each side moved in by 1e-5 of the half-range (+-(1 - 1e-5)
+    on a [-1, 1] box, as the official IQL; keeps atanh/log-probs finite)."""
     sampling: Literal["uniform", "return-weighted"] = "uniform"
     """Batch sampling: uniform over transitions, or return-weighted (Hong et al. 2023, 'Harnessing Mixed
     Offline RL Datasets via Trajectory Weighting'): P(transition) ~ exp(G_hat / temperature), G_hat its
@@ -99,14 +100,16 @@ class RunConfig:
     checkpoint_every: int = 50_000
     """Write checkpoints/last.pt every this many steps (and at the end)."""
     threads: int = 1
-    """torch CPU threads; 0 = torch's default (one per core). One thread by default: two multi-threaded torch
-    processes on the same cores slow each other down by 20x or more (results/speed.md), one thread each
-    degrades gracefully. Use all cores by running seeds in parallel (`python -m benchmarks.sweep --jobs N`),
-    or give a lone run `--run.threads N`."""
+    """torch CPU threads; 0 = torch's default (one per core). One thread by default: on 2 cores, two torch
+    processes with a thread per core each ran 3.1x slower each (39 steps/s together against 61 for one alone),
+    two 1-thread ones 1.07x slower each (97.5 together; results/speed.md, "Runs sharing the CPU"). Use all
+    cores by running seeds in parallel (`python -m benchmarks.sweep --jobs N`), or give a lone run
+    `--run.threads N`."""
     compile: bool = False
-    """Wrap the loss computation in torch.compile (10-30 s to compile). Pays on a GPU inside the CUDA graph and
-    for LayerNorm-heavy critics (WSRL, CQL-10); on a CPU the small MLP updates (IQL, TD3+BC) were no faster
-    compiled (results/speed-vs-corl.md)."""
+    """Wrap the loss computation in torch.compile, in BC, TD3+BC, IQL, RIQL, CQL, DT and WSRL (the others
+    warn and ignore it; compiling took 8-20 s on an H100's host, 26-34 s on a 2-core CPU). Pays on a GPU
+    inside the CUDA graph and for LayerNorm-heavy critics (WSRL, CQL-10); on a CPU the small MLP updates
+    (IQL, TD3+BC) were no faster compiled (results/speed-vs-corl.md)."""
     cuda_graph: bool = True
     """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
     IQL), and the critic and actor steps of the soft actor-critic that SAC, WSRL and MOPO share (offrl/sac.py),

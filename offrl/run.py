@@ -44,6 +44,8 @@ from offrl.nets import autocast, warn_if_emulated_bf16
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
                      "run.threads", "run.compile", "run.cuda_graph")
+# The algorithms whose update reads --run.compile; the others take the option and would ignore it.
+COMPILING_ALGORITHMS = ("bc", "td3_bc", "iql", "riql", "cql", "dt", "wsrl")
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -80,6 +82,9 @@ class Run:
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
         warn_if_emulated_bf16(cfg.run.precision, self.device, "--run.precision")
+        if cfg.run.compile and algo not in COMPILING_ALGORITHMS:
+            print(f"warning: --run.compile has no effect on {algo} (only {', '.join(COMPILING_ALGORITHMS)} "
+                  "compile their updates)", file=sys.stderr)
         seed_everything(cfg.seed)
         self.config = json.loads(json.dumps(to_dict(cfg), default=str))  # as config.json stores it
         self.dataset_name = sanitize(cfg.run_label)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,12 @@ def test_offrl_train_and_wandb_offline(tiny, tmp_path):
 from offrl.cli import ALGORITHMS
 
 
+def test_offrl_train_knows_every_algorithm_module():
+    """`offrl train <algo>` is documented as `python -m algos.<algo>`: every algorithm file must be reachable."""
+    modules = {p.stem for p in (Path(__file__).parent.parent / "algos").glob("*.py") if p.stem != "__init__"}
+    assert modules == set(ALGORITHMS)
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS)
 def test_help_documents_every_option(algo):
     import importlib
@@ -98,3 +105,19 @@ def test_datasets_commands(tiny, tmp_path):
     assert refused.returncode == 1 and "already exists" in refused.stderr
     unknown = run_cli("offrl", "train", "nope", check=False)
     assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
+
+
+@pytest.mark.parametrize("algo, warns", [("sac", True), ("td3_bc", False)])
+def test_run_compile_warns_where_the_algorithm_does_not_compile(algo, warns, tmp_path, capsys):
+    """`--run.compile` is a shared option; an algorithm whose update never reads it says so instead of
+    silently training uncompiled."""
+    import importlib
+
+    from offrl.run import Run
+
+    cfg = importlib.import_module(f"algos.{algo}").Config(steps=1)
+    cfg.log.wandb, cfg.run.out_dir, cfg.run.compile = "disabled", str(tmp_path), True
+    run = Run(algo, cfg)
+    run.logger.close()
+    run._restore_signals()
+    assert ("--run.compile has no effect on " + algo in capsys.readouterr().err) == warns

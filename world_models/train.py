@@ -6,7 +6,7 @@
 
 A trained model is cached under `<cache>/<dataset checksum>-<config hash>/model.pt`, where the hash
 covers the ensemble config and the seed, so every algorithm run on the same data and config reuses
-it (`world_models.train.load_or_train`); `--model-path` names a model file explicitly. Training
+it (`world_models.train.load_or_train`); the algorithms' `--model-path` names a model file explicitly. Training
 writes its full state after every epoch (`training.pt` beside it), so a killed training continues
 from its last epoch when started again. Processes that ask for the same model at once (the seeds of a
 MOPO sweep) do not all train it: one does, holding `lock` in the model's folder, and the others wait for
