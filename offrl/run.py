@@ -308,7 +308,9 @@ class Run:
         raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
 
     def log_values(self, step: int, values: dict[str, float]) -> None:
-        """Log host-side numbers (e.g. online episode returns) as they come."""
+        """Log host-side numbers (e.g. online episode returns, a hold-out loss) as they come; a NaN or inf
+        among them ends the run as in `log`."""
+        self._stop_if_diverged(step, values)
         self.logger.log(step, values)
 
     def evaluate(self, step: int, policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict,

@@ -1,7 +1,7 @@
 """Atomic checkpoint writes, safe loading, clear errors."""
 
+import io
 import os
-import pickle
 
 import pytest
 import torch
@@ -27,19 +27,37 @@ def test_map_location_moves_the_checkpoint_and_not_its_envelope(tmp_path):
 
 
 def test_a_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """The file write itself fails half-way (the in-memory encoding before it succeeds): the old file stays
+    whole and the temp file the write went to is removed."""
     path = tmp_path / "last.pt"
     ckpt.save(path, {"step": 1})
+    real_save, seen = torch.save, []
 
-    def broken_save(obj, f):
+    def save_failing_on_the_file(obj, f):
+        if isinstance(f, io.BytesIO):
+            return real_save(obj, f)  # _encode's in-memory pass
+        seen.extend(p.name for p in tmp_path.glob(".last.pt.*.tmp"))  # the write goes to a temp file
         f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(torch, "save", save_failing_on_the_file)
+    with pytest.raises(OSError, match="disk full"):
         ckpt.save(path, {"step": 2})
     monkeypatch.undo()
+    assert len(seen) == 1, seen
     assert ckpt.load(path)["step"] == 1
     assert os.listdir(tmp_path) == ["last.pt"]  # no temp file left behind
+
+
+def test_a_flipped_bit_fails_the_checksum(tmp_path):
+    """A payload whose bytes changed after it was hashed loads as torch data but not as a checkpoint."""
+    path = tmp_path / "c.pt"
+    ckpt.save(path, {"w": torch.zeros(1000)})
+    envelope = torch.load(path, weights_only=True)
+    envelope["payload"][-100] ^= 1  # inside the tensor data, near the end of the zip
+    torch.save(envelope, path)
+    with pytest.raises(CheckpointError, match="do not match their SHA-256"):
+        ckpt.load(path)
 
 
 def test_corrupt_and_missing_checkpoints_raise_checkpoint_error(tmp_path):
@@ -53,16 +71,27 @@ def test_corrupt_and_missing_checkpoints_raise_checkpoint_error(tmp_path):
 
 
 class Payload:
+    """Unpickling it creates the file `marker`: proof that loading ran code from the file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
     def __reduce__(self):
-        return (os.system, ("echo pwned",))
+        return (open, (self.marker, "w"))
 
 
-def test_loading_refuses_arbitrary_objects(tmp_path):
-    path = tmp_path / "evil.pt"
-    with open(path, "wb") as f:
-        pickle.dump({"step": Payload()}, f)
-    with pytest.raises(CheckpointError):
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_loading_refuses_arbitrary_objects(tmp_path, wrapped):
+    """A plain torch file, or an offrl checkpoint whose payload holds the object: neither runs its code."""
+    path, marker = tmp_path / "evil.pt", tmp_path / "ran"
+    state = {"step": Payload(marker)}
+    ckpt.save(path, state) if wrapped else torch.save(state, path)
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
         ckpt.load(path)
+    assert not marker.exists()
+    torch.load(path if not wrapped else io.BytesIO(torch.load(path, weights_only=True)["payload"].numpy().tobytes()),
+               weights_only=False)  # the control: a loader without weights_only runs it
+    assert marker.exists()
 
 
 def test_state_that_does_not_fit_names_the_object():

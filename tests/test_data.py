@@ -1,5 +1,6 @@
 """Data layer: Minari alignment, D4RL semantics, npz round trip, validation errors, preprocessing, buffer."""
 
+import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -68,13 +69,21 @@ def test_failed_write_leaves_no_dataset_behind(monkeypatch):
     episode = suite.rollout(env, lambda o: np.zeros(1), seed=0, max_steps=5)
     made = suite.MadeDataset([episode], env.spec, 0.0, 1.0, "d", "a")
 
-    def explode(*args, **kwargs):
+    written = []
+
+    def write_half_then_fail(dataset_id, *args, **kwargs):
+        # where Minari would write: a folder with part of a dataset in it, then the disk fills
+        folder = Path(os.environ["MINARI_DATASETS_PATH"]) / dataset_id / "data"
+        folder.mkdir(parents=True)
+        (folder / "main_data.hdf5").write_bytes(b"partial")
+        written.append(folder)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(minari, "create_dataset_from_buffers", explode)
-    with pytest.raises(RuntimeError):
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", write_half_then_fail)
+    with pytest.raises(RuntimeError, match="disk full"):
         suite.write_minari_dataset("test/broken-v0", made)
     monkeypatch.undo()
+    assert written and not written[0].exists()  # the half-written folder went with the failed write
     assert not suite.local_path("test/broken-v0").exists()
     minari.list_local_datasets()  # a half-written folder would make this crash
 

@@ -161,6 +161,19 @@ def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
     assert signals.getsignal(signals.SIGINT) is before  # the run gave Ctrl-C back
 
 
+def test_a_non_finite_host_value_stops_the_run_too(tiny, tmp_path):
+    """Numbers logged from the host (RCSL's hold-out loss, online episode returns) are checked as losses are."""
+    from algos.rcsl import Config
+    from offrl.run import Run
+
+    cfg = Config(steps=10)
+    cfg.log.wandb, cfg.run.out_dir = "disabled", str(tmp_path)
+    run = Run("rcsl", cfg)
+    run.log_values(2, {"holdout_loss": 0.5, "best_holdout_loss": 0.5})
+    with pytest.raises(TrainingDiverged, match=r"holdout_loss became inf at step 4"):
+        run.log_values(4, {"holdout_loss": float("inf"), "best_holdout_loss": 0.5})
+
+
 def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
     result = run_cli(PYTHON, "-m", "algos.bc", "--resume", "latest", "--run.out-dir", str(tmp_path), check=False)
     assert result.returncode == 1 and "no run with a checkpoint" in result.stderr
