@@ -221,3 +221,17 @@ def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):
     for step in again.steps(state):
         clock[0] += 10.0
     assert again.finish()["wall_seconds"] is None
+
+
+def test_resume_drops_a_cut_off_metrics_line_and_rows_after_its_checkpoint(tmp_path):
+    """A killed process can leave half a JSON line, and rows of steps the resumed run will log again."""
+    from offrl.logging import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 0.5 * s} for s in (10, 20, 30, 40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 50, "loss": 2')
+    truncate_metrics(path, 30)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:3]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5')  # cut inside the step itself
+    truncate_metrics(path, 40)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
