@@ -12,8 +12,12 @@
 # against 111-147 ms before in back-to-back timings there (bf16, compiled, nothing else running), and 85-107 ms
 # per online env step in background runs beside a 1-thread job, evaluations included. On a 2-core AVX-512 Xeon
 # (a 1-thread job on the other core) that update took ~163 ms, ~140 ms with --run.compile. Time yours with
-# `python -m benchmarks.speed --algos wsrl` before choosing. The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a
-# fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
+# `python -m benchmarks.speed --algos wsrl` before choosing. Timed again there with the other core idle (synthetic
+# hopper-sized data, 20 steps after 5 warm-up, one thread): a pre-training step 128 ms in float32, 63 ms in bf16 and
+# 111 ms in bf16 with --run.compile (compiling slows this step on a CPU), an online update 67 ms in bf16 and 40 ms
+# with --run.compile. So COMMON holds what both stages share and PRE_COMMON / ONLINE_COMMON what only one does,
+# e.g. COMMON="--run.precision bf16" ONLINE_COMMON="--run.compile" (100k pre-training steps: ~1.8 h).
+# The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
 # path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
@@ -33,6 +37,8 @@ dip_window=${DIP_WINDOW:-5000}
 pre_eval_every=${PRE_EVAL_EVERY:-5000}
 read -r -a seeds <<< "${SEEDS:-0 1 2}"
 common=${COMMON:-}
+pre_common=${PRE_COMMON:-}
+online_common=${ONLINE_COMMON:-}
 ds=${DATASET:-offrl/hopper/medium-v0}
 results=${RESULTS:-results/wsrl-hopper-medium}
 dry=${DRY_RUN:-0}
@@ -43,12 +49,12 @@ run() {  # run a command, or with DRY_RUN=1 print it
 }
 run python -m offrl.cli datasets make "$ds"
 pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}"
-     --steps "$pre_steps" --jobs "$jobs" --spread-threads --common "--eval.every $pre_eval_every --eval.episodes 10 --run.checkpoint-every 500 $common"
+     --steps "$pre_steps" --jobs "$jobs" --spread-threads --common "--eval.every $pre_eval_every --eval.episodes 10 --run.checkpoint-every 500 $common${pre_common:+ $pre_common}"
      --variant "cql=cql --hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup")
 checkpoint="$out/wsrl-pre/cql/cql/$(echo "$ds" | tr '/' '-')/{seed}-sweep"
 online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}" --steps "$online_steps"
         --jobs "$jobs" --spread-threads
-        --common "--eval.every $eval_every --eval.episodes 10 --run.checkpoint-every 1000 $common"
+        --common "--eval.every $eval_every --eval.episodes 10 --run.checkpoint-every 1000 $common${online_common:+ $online_common}"
         --variant "wsrl=wsrl --checkpoint $checkpoint --warmup-steps $warmup"
         --variant "retain-0.5=wsrl --checkpoint $checkpoint --warmup-steps $warmup --offline-ratio 0.5"
         --variant "no-warmup=wsrl --checkpoint $checkpoint --warmup-steps 0"

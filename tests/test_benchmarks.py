@@ -498,8 +498,8 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
 def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the_algorithms_accept(tmp_path):
     """benchmarks/wsrl.sh with DRY_RUN=1 runs nothing: a CQL pre-training sweep, then the four online variants
     from each seed's pre-trained run, every run's options parsing for its algorithm; SEEDS runs a subset with
-    the same per-seed commands, PRE_EVAL_EVERY sets only the pre-training's evaluation period, STAGE=pre stops
-    after the pre-training."""
+    the same per-seed commands, PRE_EVAL_EVERY sets only the pre-training's evaluation period, PRE_COMMON and
+    ONLINE_COMMON add options to one stage, STAGE=pre stops after the pre-training."""
     import os
     import shlex
     import subprocess
@@ -549,6 +549,9 @@ def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the
     assert all(shlex.split(option(line, "--common"))[-2:] == ["--run.precision", "bf16"] for line in (pre1, online1))
     assert option(part[3], "--title").endswith(", 1 seed")
     assert [line[:3] for line in dry(STAGE="pre", SEEDS="2")] == [["python", "-m", "offrl.cli"], pre[:3]]
+    staged = sweeps(dry(COMMON="--run.precision bf16", PRE_COMMON="--log.every 500", ONLINE_COMMON="--run.compile"))
+    assert shlex.split(option(staged["wsrl-pre"], "--common"))[-4:] == ["--run.precision", "bf16", "--log.every", "500"]
+    assert shlex.split(option(staged["wsrl-online"], "--common"))[-3:] == ["--run.precision", "bf16", "--run.compile"]
 
 
 def test_a_table_says_env_steps_for_online_algorithms():
