@@ -63,10 +63,11 @@
 # its errors against the simulator at k = 1 and 10 differ from the fp32 seed-0 model's by less than the fp32
 # seeds 0 and 1 differ from each other (results/model-error-hopper-mr-grid-*; results/README).
 #
-# Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; ~0.17 s a step
-# in bf16 with --run.compile on one thread of a 2-core AMD EPYC) and 0.085-0.11 s per online env step once
-# updates start, evaluations included (benchmarks/wsrl.sh, since the actor step reads the critics frozen): about
-# 30 core-hours for even 10k + 10k steps on the 27 dataset-seed pairs (four online variants each);
+# Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; 63 ms a step
+# in bf16 on one thread of a 2-core AMD EPYC with the other core idle, 80 ms beside a second such run; 111 ms
+# with --run.compile, which slows this step on a CPU) and 0.085-0.11 s per online env step once updates start,
+# evaluations included (benchmarks/wsrl.sh, since the actor step reads the critics frozen): about 22 core-hours
+# for even 10k + 10k steps on the 27 dataset-seed pairs (four online variants each);
 # benchmarks/wsrl.sh runs it on one dataset.
 #
 # Run folders: by default in the repository, results/grid/runs/<sweep>/<variant>/<algo>/<dataset>/<seed>-sweep,
