@@ -345,3 +345,12 @@ def test_dt_reference_init_and_decay_options(tiny):
         assert abs(linear.weight.std().item() - 0.02) < 0.002 and linear.bias.abs().max() == 0
     # embeddings and the action head keep PyTorch's init, as in the official code
     assert ref.model.embed_state.bias.abs().max() > 0
+
+
+@pytest.mark.parametrize("algo, flag", [("dt", ["--data.normalize-reward"]), ("rcsl", ["--data.reward-scale", "0.1"]),
+                                        ("rcsl", ["--data.reward-bias", "-1"])])
+def test_return_conditioning_refuses_scaled_rewards(tmp_path, algo, flag):
+    """Training returns in scaled units, evaluation targets and decrements in the env's: refused, before any work."""
+    result = run_cli(PYTHON, "-m", f"algos.{algo}", *flag, "--run.out-dir", str(tmp_path), check=False)
+    assert result.returncode == 1 and f"drop {flag[0]}" in result.stderr and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())  # no run folder

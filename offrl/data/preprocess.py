@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from offrl.data.dataset import Dataset
-from offrl.errors import DatasetError
+from offrl.errors import DatasetError, OffrlError
 
 
 def state_stats(observations: np.ndarray, eps: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
@@ -95,6 +95,18 @@ class StateNormalizer(torch.nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return (obs - self.mean) / self.std if self.enabled else obs
+
+
+def refuse_reward_transform(data_cfg, algo: str) -> None:
+    """Return-conditioned policies (DT, RCSL) condition on returns in the env's units: their evaluation targets
+    and the rewards they subtract while acting are the env's, so rewards scaled for training would condition
+    them on returns they never saw."""
+    flags = [flag for flag, on in (("--data.normalize-reward", data_cfg.normalize_reward),
+                                   ("--data.reward-scale", data_cfg.reward_scale != 1.0),
+                                   ("--data.reward-bias", data_cfg.reward_bias != 0.0)) if on]
+    if flags:
+        raise OffrlError(f"{algo} conditions on returns in the env's reward units (its targets and the rewards it "
+                         f"subtracts while acting are the env's): drop {', '.join(flags)}")
 
 
 def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None,
