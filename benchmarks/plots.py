@@ -73,17 +73,22 @@ def learning_curves(summary: dict, out_dir: Path) -> list[tuple[str, Path]]:
             curve = row.get("curve")
             if not curve or not curve["steps"]:
                 continue
-            steps = np.array(curve["steps"])
-            mean = np.array(curve["mean"], dtype=np.float64)
-            low = np.array([np.nan if c[0] is None else c[0] for c in curve["ci"]], dtype=np.float64)
-            high = np.array([np.nan if c[1] is None else c[1] for c in curve["ci"]], dtype=np.float64)
+            # only the steps every seed of the row evaluated: elsewhere the "mean over seeds" would be some
+            # seeds' (runs stopped early evaluate at their own steps, e.g. RCSL once, at its stop)
+            full = np.array(curve.get("n", [row["n"]] * len(curve["steps"]))) == row["n"]
+            if not full.any():
+                continue
+            steps = np.array(curve["steps"])[full]
+            mean = np.array(curve["mean"], dtype=np.float64)[full]
+            low = np.array([np.nan if c[0] is None else c[0] for c in curve["ci"]], dtype=np.float64)[full]
+            high = np.array([np.nan if c[1] is None else c[1] for c in curve["ci"]], dtype=np.float64)[full]
             color = colors[row["variant"]]
             ax.plot(steps, mean, color=color, marker="o" if len(steps) < 30 else None, markersize=3,
                     label=f"{row['variant']} ({row['n']} seeds)")
             ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
         ax.set_xlabel(summary.get("step_unit", "gradient steps"))
         ax.set_ylabel(_metric_name(summary))
-        ax.set_title(f"{dataset}: mean over seeds, bootstrap 95% CI", fontsize=10)
+        ax.set_title(f"{dataset}: mean over seeds at the steps all evaluated, bootstrap 95% CI", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         written.append((f"learning curves on {dataset}", _save(fig, out_dir / f"curves-{sanitize(dataset)}.png")))

@@ -89,7 +89,10 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     metrics = metrics or ["eval/normalized_score"]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     roots = [roots] if isinstance(roots, Path) else roots
-    for root, final in ((root, final) for root in roots for final in sorted(root.glob("*/*/*/*/final.json"))):
+    seen: dict[tuple[str, str, str, int], Path] = {}  # (label, metric, dataset, seed) -> its run folder
+    finals = sorted({final.resolve(): (root, final) for root in roots
+                     for final in root.glob("*/*/*/*/final.json")}.values(), key=lambda rf: str(rf[1]))
+    for root, final in finals:  # a folder reached through two roots counts once
         label = final.parent.relative_to(root).parts[0]
         if variants is not None and label not in variants:
             continue
@@ -98,6 +101,11 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
             if run is not None and run["final"] is not None:
+                key = (label, metric, run["dataset"], run["seed"])
+                if key in seen:  # a seed run twice (e.g. again by hand into a second folder) would count twice
+                    raise SystemExit(f"error: seed {run['seed']} of {label} on {run['dataset']} has two run folders, "
+                                     f"{seen[key]} and {final.parent}: keep one")
+                seen[key] = final.parent
                 row = label if len(metrics) == 1 else f"{label} [{metric.removesuffix('/normalized_score')}]"
                 groups[(row, run["dataset"])].append(run)
     return groups
@@ -280,11 +288,14 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
              f"Seeds {summary['seeds']}; {', '.join(map(str, summary['steps']))} {summary.get('step_unit', 'gradient steps')}; "
              f"{evaluation}"
              f"Hardware: {summary['hardware']}. "
-             f"{final_is}best = the best evaluation during training (optimistic, as CORL's 'best'). "
+             f"{final_is}best = the best evaluation during training (optimistic, as CORL's 'best'); std = the "
+             "population std over seeds (ddof 0). "
              "IQM = interquartile mean over seeds' final scores (rliable's 25% trimmed mean: it drops int(n/4) "
              "scores at each end, so with fewer than 4 seeds it is the mean) with a 95% CI; CIs from "
              f"{st['implementation']} (stratified bootstrap over seeds, percentile method, {st['reps']} replicates, "
-             f"numpy seed {st['seed']}), so the table regenerates byte-for-byte from the same run folders. "
+             f"numpy seed {st['seed']}), so the table regenerates byte-for-byte from the same run folders; with 3 "
+             "seeds a row's percentile interval is the range of its seeds (each extreme is drawn for all 3 in more "
+             "than 2.5% of resamples). "
              "Precision: the runs' `--run.precision` (bf16 = gradient steps under bfloat16 autocast). Hours per run: "
              "wall time over all of a run's processes (n/a for runs resumed before offrl recorded it), which depends "
              "on what else ran on the machine.",

@@ -278,6 +278,20 @@ def test_table_keeps_only_the_variants_and_datasets_asked_for(sweeps):
     assert sorted(table.collect(roots, variants=["bc", "td3"], datasets=["offrl/tiny-v0"])) == sorted(both)
 
 
+def test_a_seed_in_two_run_folders_is_refused_and_a_root_given_twice_counts_once(sweeps, tmp_path):
+    import shutil
+
+    root = sweeps["root"] / "local"
+    once = table.collect([root])
+    assert table.collect([root, root]) == once and all(len(runs) == 2 for runs in once.values())
+    copy = tmp_path / "local"
+    shutil.copytree(root, copy)
+    run = next(p for p in copy.glob("bc/*/*/0-*") if p.is_dir())
+    shutil.copytree(run, run.parent / "0-again")  # seed 0 run a second time into another folder
+    with pytest.raises(SystemExit, match="seed 0 of bc on offrl/tiny-v0 has two run folders"):
+        table.collect([copy])
+
+
 def test_plots_cli_writes_the_pngs(sweeps, tmp_path):
     written = run_cli(PYTHON, "-m", "benchmarks.plots", str(sweeps["root"] / "local"), "--out-dir", str(tmp_path / "p"),
                       "--reps", "200").stdout.split()
