@@ -37,7 +37,8 @@ class DataConfig:
     state_stats_with_next: bool = False
     """Compute the normalization statistics over observations and next_observations together (RIQL)."""
     normalize_reward: bool = False
-    """IQL's return-range scaling: r <- r * 1000 / (max episode return - min episode return)."""
+    """IQL's return-range scaling: r <- r * 1000 / (max episode return - min episode return), over the episodes
+    that ended (terminated or at the env's step limit), not pieces the data cut short (as CORL)."""
     reward_scale: float = 1.0
     """Multiply rewards by this (after return-range scaling)."""
     reward_bias: float = 0.0

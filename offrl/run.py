@@ -110,6 +110,7 @@ class Run:
         self.wall_before: float | None = 0.0
         self.resumes = 0
         wandb_id = None
+        data_record = self._data_record(data) if data is not None else None
         if self.resume_from is not None:
             self._restored_state, loaded = ckpt.load_or_previous(self.resume_from, map_location=self.device)
             if loaded != self.resume_from and self.resume_from.exists():
@@ -118,6 +119,8 @@ class Run:
             self.resume_from = loaded
             ckpt.remove_stale_temporaries(self.resume_from.parent)
             self._check_same_config(self._restored_state)
+            if data_record is not None:
+                self._check_same_data(data_record)
             self.start_step = int(self._restored_state["step"])
             if self.start_step > self.total_steps:
                 # it would train nothing and write a final.json that claims fewer steps than its metrics hold
@@ -135,7 +138,7 @@ class Run:
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
         if data is not None:
-            self._record_data(data)
+            self._record_data(data, data_record)
         # SIGTERM / SIGINT: finish the current step, checkpoint exactly there, exit (resume continues
         # bit-for-bit); a session that ends, or Ctrl-C, then loses no training.
         self.stop_signal: int | None = None
@@ -213,7 +216,8 @@ class Run:
             return {}
         return flatten(json.loads(json.dumps(to_dict(default), default=str)))
 
-    def _record_data(self, data: Any) -> None:
+    @staticmethod
+    def _data_record(data: Any) -> dict[str, Any]:
         meta = data.metadata
         pre = data.preprocessing
         record = {k: meta.get(k) for k in ("name", "source", "env_id", "checksum", "ref_min_score", "ref_max_score",
@@ -222,6 +226,26 @@ class Run:
                    "transitions": len(data.dataset), "episodes": data.dataset.num_episodes,
                    "normalized_states": pre.obs_mean is not None, "reward_scale": pre.reward_scale,
                    "reward_bias": pre.reward_bias, "return_weighted_sampling": data.sample_weights is not None}
+        return record
+
+    def _check_same_data(self, record: dict[str, Any]) -> None:
+        """The data a resumed run trains on must be what it trained on: the same file and the same preprocessing
+        (a dataset made again differently, or another offrl computing another reward scale, would change it)."""
+        path = self.dir / "dataset.json"
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        if not saved.get("trained_checksum"):
+            return  # a run folder from before offrl recorded it
+        current = json.loads(json.dumps(record, default=str))
+        if saved["trained_checksum"] != current["trained_checksum"]:
+            changed = [f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in
+                       ("checksum", "transitions", "reward_scale", "reward_bias", "normalized_states", "corruption")
+                       if saved.get(k) != current[k]]
+            raise CheckpointError(f"{self.dir}: the data differs from what this run trained on (trained checksum "
+                                  f"{saved['trained_checksum']} -> {current['trained_checksum']}"
+                                  f"{'; ' + ', '.join(changed) if changed else ''}); start a new run folder")
+
+    def _record_data(self, data: Any, record: dict[str, Any]) -> None:
+        meta = data.metadata
         (self.dir / "dataset.json").write_text(json.dumps(record, indent=2, default=str))
         from offrl.data.sources import missing_reference_scores
 

@@ -295,6 +295,19 @@ def test_state_normalization_and_reward_options():
     np.testing.assert_allclose(normalizer(torch.as_tensor(ds.observations)).numpy(), out.observations, rtol=1e-6)
 
 
+def test_return_range_leaves_out_episodes_the_data_cut_short():
+    """Episodes: 0-4 terminated (return 10), 5-8 cut after 4 rows (26), 9-11 cut after 3 rows (30). With a step
+    limit of 5 the second reached it (4 rows: D4RL's Q-learning form drops the time-out row) and the third is
+    a piece the data cut: the range is 26 - 10. Without the limit, or when every truncated episode is a piece,
+    each episode counts."""
+    ds = small_dataset()
+    assert preprocess.return_range_factor(ds) == pytest.approx(1000 / 20)
+    assert preprocess.return_range_factor(ds, max_episode_steps=5) == pytest.approx(1000 / 16)
+    assert preprocess.return_range_factor(ds, max_episode_steps=4) == pytest.approx(1000 / 20)  # all reached it
+    only_pieces = ds.replace(terminals=np.zeros(12, np.float32))
+    assert preprocess.return_range_factor(only_pieces, max_episode_steps=100) == pytest.approx(1000 / 20)
+
+
 def test_action_clipping():
     ds = small_dataset().replace(actions=np.array([[-5.0, 0.3]] * 12, np.float32))
     clipped = preprocess.clip_actions(ds, np.array([-1.0, -1.0]), np.array([1.0, 1.0]))

@@ -235,3 +235,23 @@ def test_resume_drops_a_cut_off_metrics_line_and_rows_after_its_checkpoint(tmp_p
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5')  # cut inside the step itself
     truncate_metrics(path, 40)
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+
+
+def test_resume_refuses_data_that_differs_from_what_the_run_trained_on(tiny, tmp_path):
+    """dataset.json records the trained data's checksum (after preprocessing): a dataset made again differently,
+    or another offrl computing another reward scale, would change the run halfway, so the resume is refused
+    naming what changed, and the folder is left as it was."""
+    args = ["--steps", "30", "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled",
+            "--hidden", "32", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.td3_bc", *args)
+    run_dir = only_run(tmp_path)
+    record = json.loads((run_dir / "dataset.json").read_text())
+    record |= {"trained_checksum": "0" * 16, "reward_scale": 0.5}  # as if trained on other rewards
+    (run_dir / "dataset.json").write_text(json.dumps(record))
+    before = {name: (run_dir / name).read_bytes() for name in ("final.json", "metrics.jsonl", "dataset.json")}
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "40", "--resume", "latest", check=False)
+    assert result.returncode == 1 and "the data differs from what this run trained on" in result.stderr
+    assert "reward_scale: 0.5 -> 1.0" in result.stderr and "Traceback" not in result.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    (run_dir / "dataset.json").write_text(json.dumps({k: v for k, v in record.items() if k != "trained_checksum"}))
+    assert run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "40", "--resume", "latest").returncode == 0

@@ -73,6 +73,7 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
     try:
         check_env_compat(dataset, env.observation_space, env.action_space)
         low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
+        max_episode_steps = env.spec.max_episode_steps if env.spec is not None else None
     finally:
         env.close()
     if select is not None:
@@ -87,7 +88,7 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
     weights = None
     if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
         weights = preprocess.return_weights(dataset, data_cfg.return_temperature)
-    dataset, pre = preprocess.apply(dataset, data_cfg, low, high)
+    dataset, pre = preprocess.apply(dataset, data_cfg, low, high, max_episode_steps)
     return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high, weights, corruption)
 
 

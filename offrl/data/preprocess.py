@@ -24,9 +24,20 @@ def normalize_states(dataset: Dataset, mean: np.ndarray, std: np.ndarray) -> Dat
                            next_observations=(dataset.next_observations - mean) / std)
 
 
-def return_range_factor(dataset: Dataset) -> float:
-    """1000 / (max episode return - min episode return), official IQL's locomotion scaling."""
+def return_range_factor(dataset: Dataset, max_episode_steps: int | None = None) -> float:
+    """1000 / (max episode return - min episode return), official IQL's locomotion scaling, over the episodes
+    that ended: terminated, or cut by the env's step limit (`max_episode_steps` rows, or one fewer in D4RL's
+    Q-learning form, which drops each time-out row). An episode the data cut short otherwise (the end of a
+    collection: the suite's parallel envs still running when its row budget was reached leave up to 20 such
+    pieces a dataset, some 30 steps long) does not set the range. Official IQL counts a D4RL file's trailing
+    piece, CORL does not; D4RL has at most that one. Without `max_episode_steps`, or when no episode ended,
+    every episode counts."""
     returns = dataset.episode_returns()
+    if max_episode_steps:
+        last = dataset.episode_ends() - 1
+        ended = (dataset.terminals[last] > 0) | (dataset.episode_lengths() >= max_episode_steps - 1)
+        if ended.any():
+            returns = returns[ended]
     spread = float(returns.max() - returns.min())
     if spread <= 0:
         raise DatasetError(dataset.name, "all episodes have the same return; return-range reward scaling "
@@ -109,15 +120,17 @@ def refuse_reward_transform(data_cfg, algo: str) -> None:
                          f"subtracts while acting are the env's): drop {', '.join(flags)}")
 
 
-def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None,
-          action_high: np.ndarray | None = None) -> tuple[Dataset, Preprocessing]:
-    """Apply the `DataConfig` options in a fixed order: action clip, reward scaling, state normalization."""
+def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None, action_high: np.ndarray | None = None,
+          max_episode_steps: int | None = None) -> tuple[Dataset, Preprocessing]:
+    """Apply the `DataConfig` options in a fixed order: action clip, reward scaling, state normalization.
+    `max_episode_steps`: the env's step limit, which tells the episodes that ended from pieces the data cut
+    (`return_range_factor`)."""
     pre = Preprocessing()
     if cfg.clip_actions:
         if action_low is None or action_high is None:
             raise ValueError("clip_actions needs the env's action bounds")
         dataset = clip_actions(dataset, action_low, action_high)
-    scale = return_range_factor(dataset) if cfg.normalize_reward else 1.0
+    scale = return_range_factor(dataset, max_episode_steps) if cfg.normalize_reward else 1.0
     scale *= cfg.reward_scale
     if scale != 1.0 or cfg.reward_bias != 0.0:
         dataset = dataset.replace(rewards=(dataset.rewards * scale + cfg.reward_bias).astype(np.float32))
