@@ -232,10 +232,13 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
         out["aggregates"].append({"variant": label, "datasets": entry["datasets"],
                                   "runs_per_dataset": entry["runs_per_dataset"], "runs_found": entry["runs_found"],
                                   **stats.summary(entry["scores"], reps, seed, optimality_gap=entry["normalized"])})
-    if profiles and scored:
-        taus = stats.tau_grid([e["scores"] for e in scored.values()])
+    # one unit on a profile's axis: the normalized-score variants when there are any (a table of several
+    # metrics, e.g. returns beside scores, would otherwise put returns and scores on one threshold grid)
+    profiled = {label: e for label, e in scored.items() if e["normalized"]} or scored
+    if profiles and profiled:
+        taus = stats.tau_grid([e["scores"] for e in profiled.values()])
         out["performance_profiles"] = {"taus": taus.tolist(), "variants": {}}
-        for label, entry in scored.items():
+        for label, entry in profiled.items():
             profile, ci = stats.performance_profile(entry["scores"], taus, reps, seed)
             out["performance_profiles"]["variants"][label] = {"fraction_above": profile.tolist(),
                                                               "ci": ci.T.tolist()}

@@ -256,6 +256,9 @@ def test_table_reports_several_metrics_and_reevaluated_final_scores(sweeps):
                for line in two.splitlines()) == 4  # table and aggregate rows
     (returns,) = [line for line in two.splitlines() if line.startswith("| bc [eval/return_mean] | 1 | 2 |")]
     assert returns.endswith("| n/a |")  # an aggregate row: no optimality gap for returns
+    summary = table.summarize(table.collect([root], ["eval/normalized_score", "eval/return_mean"]), "t", None, reps=200,
+                              profiles=True)
+    assert list(summary["performance_profiles"]["variants"]) == ["bc [eval]"]  # scores only, not returns on one axis
     # final = the final checkpoints evaluated again (offrl eval), cached beside each run
     redone = table.main([str(root), "--reevaluate", "3", "--reeval-seed", "5", "--reps", "200"])
     assert "evaluated again by `offrl eval` with 3 episodes from reset seed 5" in redone
