@@ -75,6 +75,17 @@ def test_return_weights_by_hand():
     np.testing.assert_allclose(w, expected / expected.sum())
 
 
+def test_return_weights_scale_by_the_episodes_that_ended():
+    """Returns 2, 4 and 0, the last a 1-step piece the data cut short under a 3-step limit: G_hat is scaled by the
+    ended episodes' range (2..4), so the piece gets -1 instead of setting the minimum."""
+    ds = episodes_dataset([1.0, 2.0, 0.0], [2, 2, 1])
+    w = return_weights(ds, temperature=1.0, max_episode_steps=3)
+    expected = np.array([1, 1, math.e, math.e, math.e**-1])
+    np.testing.assert_allclose(w, expected / expected.sum())
+    everything = np.exp(np.array([0.5, 0.5, 1.0, 1.0, 0.0]))  # without the limit: 0..4
+    np.testing.assert_allclose(return_weights(ds, temperature=1.0), everything / everything.sum())
+
+
 def test_weighted_buffer_samples_in_proportion():
     ds = episodes_dataset([0.0, 1.0], [3, 1])
     ds = ds.replace(observations=np.arange(4, dtype=np.float32)[:, None])  # row i observes i

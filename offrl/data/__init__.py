@@ -87,7 +87,7 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
                                       data_cfg.corruption_range, seed_used, data_cfg.attack_critic)
     weights = None
     if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
-        weights = preprocess.return_weights(dataset, data_cfg.return_temperature)
+        weights = preprocess.return_weights(dataset, data_cfg.return_temperature, max_episode_steps)
     dataset, pre = preprocess.apply(dataset, data_cfg, low, high, max_episode_steps)
     return TrainingData(dataset, pre, dataset.obs_dim, dataset.act_dim, low, high, weights, corruption)
 

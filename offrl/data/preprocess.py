@@ -24,20 +24,23 @@ def normalize_states(dataset: Dataset, mean: np.ndarray, std: np.ndarray) -> Dat
                            next_observations=(dataset.next_observations - mean) / std)
 
 
+def ended_episodes(dataset: Dataset, max_episode_steps: int | None) -> np.ndarray:
+    """Per episode, whether it ended: terminated, or cut by the env's step limit (`max_episode_steps` rows, or one
+    fewer in D4RL's Q-learning form, which drops each time-out row), rather than cut short by the end of a
+    collection (the suite's parallel envs still running when its row budget was reached leave up to 20 such
+    pieces a dataset, some 26-31 steps long). All True without `max_episode_steps`, or when none ended."""
+    if not max_episode_steps:
+        return np.ones(dataset.num_episodes, dtype=bool)
+    last = dataset.episode_ends() - 1
+    ended = (dataset.terminals[last] > 0) | (dataset.episode_lengths() >= max_episode_steps - 1)
+    return ended if ended.any() else np.ones(dataset.num_episodes, dtype=bool)
+
+
 def return_range_factor(dataset: Dataset, max_episode_steps: int | None = None) -> float:
     """1000 / (max episode return - min episode return), official IQL's locomotion scaling, over the episodes
-    that ended: terminated, or cut by the env's step limit (`max_episode_steps` rows, or one fewer in D4RL's
-    Q-learning form, which drops each time-out row). An episode the data cut short otherwise (the end of a
-    collection: the suite's parallel envs still running when its row budget was reached leave up to 20 such
-    pieces a dataset, some 30 steps long) does not set the range. Official IQL counts a D4RL file's trailing
-    piece, CORL does not; D4RL has at most that one. Without `max_episode_steps`, or when no episode ended,
-    every episode counts."""
-    returns = dataset.episode_returns()
-    if max_episode_steps:
-        last = dataset.episode_ends() - 1
-        ended = (dataset.terminals[last] > 0) | (dataset.episode_lengths() >= max_episode_steps - 1)
-        if ended.any():
-            returns = returns[ended]
+    that ended (`ended_episodes`): a piece the data cut short does not set the range. Official IQL counts a
+    D4RL file's trailing piece, CORL does not; D4RL has at most that one."""
+    returns = dataset.episode_returns()[ended_episodes(dataset, max_episode_steps)]
     spread = float(returns.max() - returns.min())
     if spread <= 0:
         raise DatasetError(dataset.name, "all episodes have the same return; return-range reward scaling "
@@ -58,9 +61,10 @@ def top_trajectories(dataset: Dataset, frac: float, discount: float = 1.0) -> Da
     return dataset.select_episodes(best)
 
 
-def return_weights(dataset: Dataset, temperature: float = 0.1) -> np.ndarray:
+def return_weights(dataset: Dataset, temperature: float = 0.1, max_episode_steps: int | None = None) -> np.ndarray:
     """Per-transition sampling probabilities of return-weighted sampling (RW, Hong et al. 2023):
-    p_i ~ exp(G_hat(episode of i) / temperature), G_hat = (G - G_min) / (G_max - G_min).
+    p_i ~ exp(G_hat(episode of i) / temperature), G_hat = (G - G_min) / (G_max - G_min), with G_min and G_max
+    over the episodes that ended (`ended_episodes`; a piece the data cut short gets its G_hat on that scale).
 
     Deviation: the authors' d3rlpy wrapper computes G_hat but then applies the softmax to the raw
     returns (a leftover of their 'fix max-min normalization' change); we use G_hat, as their AW
@@ -68,8 +72,9 @@ def return_weights(dataset: Dataset, temperature: float = 0.1) -> np.ndarray:
     if temperature <= 0:
         raise ValueError(f"return_temperature must be > 0, got {temperature}")
     returns = dataset.episode_returns()
-    spread = returns.max() - returns.min()
-    scaled = (returns - returns.min()) / spread if spread > 0 else np.zeros_like(returns)
+    ended = returns[ended_episodes(dataset, max_episode_steps)]
+    spread = ended.max() - ended.min()
+    scaled = (returns - ended.min()) / spread if spread > 0 else np.zeros_like(returns)
     logits = np.repeat(scaled / temperature, dataset.episode_lengths())
     weights = np.exp(logits - logits.max())
     return weights / weights.sum()
