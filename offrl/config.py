@@ -49,7 +49,8 @@ class DataConfig:
     sampling: Literal["uniform", "return-weighted"] = "uniform"
     """Batch sampling: uniform over transitions, or return-weighted (Hong et al. 2023, 'Harnessing Mixed
     Offline RL Datasets via Trajectory Weighting'): P(transition) ~ exp(G_hat / temperature), G_hat its
-    episode's return min-max scaled to [0, 1]."""
+    episode's return min-max scaled to [0, 1] by the episodes that ended (a piece the data cut short may fall
+    below 0)."""
     return_temperature: float = 0.1
     """Temperature of return-weighted sampling (larger = closer to uniform)."""
     corrupt: Optional[Literal["observations", "actions", "rewards", "next_observations"]] = None
