@@ -16,7 +16,9 @@ env step 0 (the pre-trained policy, before any online step), the lowest score in
 steps after the run's updates begin (the dip that fine-tuning without retained data suffers at its start) and
 the start minus it, and the last score; each per run, then mean ± std over seeds. Below the table, the checks:
 WSRL's last score against its start and against SAC from scratch's last (at the same env steps), and WSRL's
-dip against the dip without warm-up. Beside them, as context and not as a claim, the pre-training's level: the
+dip against the dip without warm-up. A check is made only on runs that reached their budget (for the dip: ran
+past its window) and, between two variants, on the same seeds; else it says what is missing. Each says in how
+many seeds it holds; the dip's is met only when it holds for the mean and for every seed. Beside them, as context and not as a claim, the pre-training's level: the
 mean of the pre-training run's last 10 evaluations up to the checkpoint fine-tuned (read from the folder the
 run's --checkpoint names), for a policy whose evaluations swing from one to the next, so that the start, one
 evaluation, is a single draw from that swing.
@@ -108,17 +110,21 @@ def pretraining_level(run_dir: Path, config: dict) -> float | None:
 
 def run_summary(run_dir: Path, dip_window: int) -> dict | None:
     """Start (step 0), lowest in the dip window after updates begin, dip, last, and the pre-training's level;
-    None without a step-0 score."""
+    whether the run reached its budget (`finished`) and ran past its dip window (`window_done`); None without a
+    step-0 score. The window is the evaluations after the step updates begin at (that step's evaluation is
+    still the frozen policy's: the first update comes with the next env step)."""
     steps, scores, _ = eval_curve(run_dir)
     if len(steps) == 0 or steps[0] != 0:
         return None
     config = json.loads((run_dir / "config.json").read_text())
     begin = learning_start(config)
-    window = scores[(steps >= begin) & (steps <= begin + dip_window)]
+    window = scores[(steps > begin) & (steps <= begin + dip_window)]
     lowest = float(window.min()) if len(window) else float("nan")
-    return {"start": float(scores[0]), "lowest": lowest, "dip": float(scores[0]) - lowest,
-            "last": float(scores[-1]), "last_step": int(steps[-1]), "updates_begin": begin,
-            "pretraining": pretraining_level(run_dir, config)}
+    budget = config.get("steps")
+    return {"seed": int(config.get("seed", 0)), "start": float(scores[0]), "lowest": lowest,
+            "dip": float(scores[0]) - lowest, "last": float(scores[-1]), "last_step": int(steps[-1]),
+            "updates_begin": begin, "finished": budget is None or int(steps[-1]) >= int(budget),
+            "window_done": int(steps[-1]) >= begin + dip_window, "pretraining": pretraining_level(run_dir, config)}
 
 
 def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict[str, dict[str, dict]]:
@@ -135,37 +141,66 @@ def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict
                 stats["pretraining"] = {"mean": float(np.mean(levels)), "std": float(np.std(levels)), "n": len(levels)}
             stats["last_steps"] = sorted({r["last_step"] for r in rows})
             stats["updates_begin"] = sorted({r["updates_begin"] for r in rows})
+            stats["runs"] = rows
             out[dataset][label] = stats
     return out
 
 
 def checks(labels: dict[str, dict]) -> list[str]:
-    """The paper's claims on one dataset's summaries, as sentences with their numbers (where the variants ran)."""
-    def value(label, key):
-        return labels.get(label, {}).get(key, {}).get("mean")
+    """The paper's claims on one dataset's summaries, as sentences with their numbers (where the variants ran):
+    on finished runs (for the dip: runs past their window) and, between variants, on the same seeds."""
+    runs = {label: {r["seed"]: r for r in stats.get("runs", [])} for label, stats in labels.items()}
+
+    def missing(label, done="finished"):
+        short = sorted(seed for seed, r in runs[label].items() if not r[done])
+        what = "short of their budget" if done == "finished" else "not past the dip window"
+        return f"{label}'s seeds {short} are {what}" if short else None
+
+    def paired(a, b, done="finished"):
+        """The reason the check cannot be made, or None."""
+        reasons = [m for m in (missing(a, done), missing(b, done)) if m]
+        if set(runs[a]) != set(runs[b]):
+            reasons.append(f"the seeds differ ({a}: {sorted(runs[a])}, {b}: {sorted(runs[b])})")
+        return "; ".join(reasons) or None
+
+    def mean(label, key):
+        return float(np.mean([r[key] for r in runs[label].values()]))
 
     def verdict(ok):
         return "met" if ok else "NOT met"
 
     lines = []
-    wsrl_last, wsrl_start = value("WSRL", "last"), value("WSRL", "start")
-    if wsrl_last is None:
+    if not runs.get("WSRL"):
         return lines
-    lines.append(f"WSRL's last score {wsrl_last:.1f} vs its start {wsrl_start:.1f}: "
-                 f"{verdict(wsrl_last >= wsrl_start)} (last >= start)")
-    scratch = value("SAC from scratch", "last")
-    if scratch is not None:
-        lines.append(f"WSRL's last score {wsrl_last:.1f} vs SAC from scratch's {scratch:.1f}: "
-                     f"{verdict(wsrl_last >= scratch)} (WSRL >= scratch)")
-    dip, no_warmup_dip = value("WSRL", "dip"), value("no warm-up", "dip")
-    if no_warmup_dip is not None:
-        lines.append(f"dip with warm-up {dip:.1f} vs without {no_warmup_dip:.1f}: "
-                     f"{verdict(dip < no_warmup_dip)} (with < without)")
-    level = value("WSRL", "pretraining")
+    n = len(runs["WSRL"])
+    if (reason := missing("WSRL")) is not None:
+        lines.append(f"last >= start: not assessed ({reason})")
+    else:
+        last, start = mean("WSRL", "last"), mean("WSRL", "start")
+        held = sum(r["last"] >= r["start"] for r in runs["WSRL"].values())
+        lines.append(f"WSRL's last score {last:.1f} vs its start {start:.1f}: {verdict(last >= start)} (last >= start; "
+                     f"in {held} of {n} seeds)")
+    if runs.get("SAC from scratch"):
+        if (reason := paired("WSRL", "SAC from scratch")) is not None:
+            lines.append(f"WSRL >= scratch: not assessed ({reason})")
+        else:
+            last, scratch = mean("WSRL", "last"), mean("SAC from scratch", "last")
+            held = sum(runs["WSRL"][seed]["last"] >= r["last"] for seed, r in runs["SAC from scratch"].items())
+            lines.append(f"WSRL's last score {last:.1f} vs SAC from scratch's {scratch:.1f}: {verdict(last >= scratch)} "
+                         f"(WSRL >= scratch; in {held} of {n} seeds)")
+    if runs.get("no warm-up"):
+        if (reason := paired("WSRL", "no warm-up", "window_done")) is not None:
+            lines.append(f"dip with warm-up < without: not assessed ({reason})")
+        else:
+            dip, without = mean("WSRL", "dip"), mean("no warm-up", "dip")
+            held = sum(runs["WSRL"][seed]["dip"] < r["dip"] for seed, r in runs["no warm-up"].items())
+            lines.append(f"dip with warm-up {dip:.1f} vs without {without:.1f}: {verdict(dip < without and held == n)} "
+                         f"(with < without, for the mean and in every seed: in {held} of {n})")
+    level = labels["WSRL"].get("pretraining", {}).get("mean")
     if level is not None:
-        lines.append(f"context, not a claim: WSRL's last score {wsrl_last:.1f} vs the pre-training's level {level:.1f} "
-                     f"(the mean of its last {PRETRAINING_EVALUATIONS} evaluations up to the checkpoint; the start is "
-                     "the checkpoint's one evaluation)")
+        lines.append(f"context, not a claim: WSRL's last score {mean('WSRL', 'last'):.1f} vs the pre-training's level "
+                     f"{level:.1f} (the mean of its last {PRETRAINING_EVALUATIONS} evaluations up to the checkpoint; the "
+                     "start is the checkpoint's one evaluation)")
     return lines
 
 

@@ -280,7 +280,7 @@ def fake_run(folder, scores, **config):
     """A wsrl run folder with the given evaluations ({env step: normalized score})."""
     folder.mkdir(parents=True)
     config = {"dataset": "offrl/tiny-v0", "checkpoint": "pre/{seed}", "warmup_steps": 100, "batch_size": 64, "utd": 4,
-              "offline_ratio": 0.0, **config}
+              "offline_ratio": 0.0, "steps": 400, **config}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "metrics.jsonl").write_text("".join(
         json.dumps({"step": step, "eval/return_mean": 10 * score, "eval/normalized_score": score}) + "\n"
@@ -288,23 +288,43 @@ def fake_run(folder, scores, **config):
 
 
 def test_start_dip_and_last_by_hand(tmp_path):
-    """The claims table: start at step 0, the lowest evaluation in the window after updates begin, the last,
-    mean over seeds, and the checks' verdicts."""
-    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60})  # updates begin at 100
-    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80})
-    fake_run(tmp_path / "nw", {0: 40, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0)  # updates begin at 64
-    fake_run(tmp_path / "sc", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none")
+    """The claims table: start at step 0, the lowest evaluation in the window after updates begin (the step they
+    begin at is still the frozen policy's), the last, mean over seeds, and the checks' verdicts, each with the
+    seeds it holds in."""
+    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)  # updates begin at 100
+    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
+    fake_run(tmp_path / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
+    fake_run(tmp_path / "nw1", {0: 30, 100: 25, 200: 20, 300: 50, 400: 60}, warmup_steps=0, seed=1)
+    fake_run(tmp_path / "sc0", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none", seed=0)
+    fake_run(tmp_path / "sc1", {0: 1, 100: 2, 200: 3, 300: 4, 400: 55}, checkpoint="none", seed=1)
     out = tmp_path / "claims.md"
     wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
                     "--command", "make it"])
     text = out.read_text()
-    # WSRL: starts 50, 30; lowest in [100, 200]: 20, 10; dips 30, 20; last 60, 80
-    assert "| WSRL | 2 | 100 | 40.0 ± 10.0 | 15.0 ± 5.0 | 25.0 ± 5.0 | 70.0 ± 10.0 | 400 |" in text
-    assert "| no warm-up | 1 | 64 | 40.0 ± 0.0 | 0.0 ± 0.0 | 40.0 ± 0.0 | 50.0 ± 0.0 | 400 |" in text
-    assert "WSRL's last score 70.0 vs its start 40.0: met" in text
-    assert "WSRL's last score 70.0 vs SAC from scratch's 75.0: NOT met" in text
-    assert "dip with warm-up 25.0 vs without 40.0: met" in text
+    # WSRL: starts 50, 30; lowest in (100, 200]: 40, 10; dips 10, 20; last 60, 80
+    assert "| WSRL | 2 | 100 | 40.0 ± 10.0 | 25.0 ± 15.0 | 15.0 ± 5.0 | 70.0 ± 10.0 | 400 |" in text
+    # no warm-up: lowest in (64, 164]: 0, 25; dips 50, 5
+    assert "| no warm-up | 2 | 64 | 40.0 ± 10.0 | 12.5 ± 12.5 | 27.5 ± 22.5 | 55.0 ± 5.0 | 400 |" in text
+    assert "WSRL's last score 70.0 vs its start 40.0: met (last >= start; in 2 of 2 seeds)" in text
+    assert "WSRL's last score 70.0 vs SAC from scratch's 65.0: met (WSRL >= scratch; in 1 of 2 seeds)" in text
+    # smaller for the mean (15 < 27.5) but not in seed 1 (20 against 5)
+    assert "dip with warm-up 15.0 vs without 27.5: NOT met (with < without, for the mean and in every seed: in 1 of 2)" in text
     assert "make it" in text
+
+
+def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path):
+    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)
+    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10}, seed=1)  # stopped at 200 of its 400 steps
+    fake_run(tmp_path / "sc0", {0: 1, 400: 75}, checkpoint="none", seed=0)
+    fake_run(tmp_path / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)
+    fake_run(tmp_path / "nw1", {0: 30, 100: 25}, warmup_steps=0, seed=1)  # not past its window (64, 164]
+    out = tmp_path / "claims.md"
+    wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100"])
+    text = out.read_text()
+    assert "last >= start: not assessed (WSRL's seeds [1] are short of their budget)" in text
+    assert ("WSRL >= scratch: not assessed (WSRL's seeds [1] are short of their budget; the seeds differ "
+            "(WSRL: [0, 1], SAC from scratch: [0]))") in text
+    assert "dip with warm-up < without: not assessed (no warm-up's seeds [1] are not past the dip window)" in text
 
 
 def test_pretraining_level_is_the_mean_of_its_last_ten_evaluations_up_to_the_checkpoint(tmp_path):
