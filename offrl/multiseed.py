@@ -46,6 +46,12 @@ def seed_configs(cfg) -> list:
     if data is not None and data.corrupt is not None and data.corruption_seed is None:
         raise OffrlError("--seeds with --data.corrupt: give --data.corruption-seed, so that every seed trains on the "
                          "same corrupted data")
+    dropout = {name: getattr(cfg, name) for name in ("actor_dropout", "dropout") if getattr(cfg, name, 0)}
+    if dropout:
+        # a dropout mask drawn inside the batched step would come from one stream, not each seed's own
+        flags = ", ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in dropout.items())
+        raise OffrlError(f"--seeds with {flags}: dropout is not drawn per seed in the batched model; run the seeds "
+                         "as separate processes (benchmarks.sweep)")
     return [dataclasses.replace(cfg, seed=s, seeds=None) for s in seeds]
 
 
@@ -269,6 +275,8 @@ class SeedRuns:
         for step in range(self.start_step + 1, self.runs[0].total_steps + 1):
             yield step
             if self.runs[0].stop_signal is not None:
+                for run in self.runs:  # every seed checked before any saves: their checkpoints stay at one step
+                    run.check_unlogged()
                 for run in self.runs:
                     run.close_at(step)
                 print(f"stopped after step {step}; checkpoints saved; continue with the same --seeds and "
@@ -290,6 +298,9 @@ class SeedRuns:
             run.record_evaluation(step, part)
 
     def checkpoint(self, step: int, states: list[dict]) -> None:
+        if self.runs[0]._due(step, self.cfg.run.checkpoint_every):
+            for run in self.runs:  # every seed checked before any saves: a NaN in one stops all at the same step
+                run.check_unlogged()
         for run, state in zip(self.runs, states):
             run.checkpoint(step, state)
 

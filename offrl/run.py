@@ -329,7 +329,8 @@ class Run:
         self.logger.log(step, row)
         self.logger.close()
         self._restore_signals()
-        raise TrainingDiverged(f"{self.algo}: {', '.join(bad)} became {row[bad[0]]} at step {step}; {kept}")
+        raise TrainingDiverged(f"{self.algo} seed {self.cfg.seed}: {', '.join(bad)} became {row[bad[0]]} at step "
+                               f"{step}; {kept}")
 
     def log_values(self, step: int, values: dict[str, float]) -> None:
         """Log host-side numbers (e.g. online episode returns, a hold-out loss) as they come; a NaN or inf
@@ -368,13 +369,18 @@ class Run:
         self.progress.update(step, score, force=True)
         return summary
 
-    def checkpoint(self, step: int, state: dict[str, Any] | None = None, force: bool = False) -> None:
-        if not (force or self._due(step, self.cfg.run.checkpoint_every)):
-            return
-        if self._unchecked is not None:  # never checkpoint a diverged state over the last good one
+    def check_unlogged(self) -> None:
+        """Check the metrics of a step that was not logged, as every checkpoint does first: never checkpoint a
+        diverged state over the last good one."""
+        if self._unchecked is not None:
             unchecked_step, metrics = self._unchecked
             self._stop_if_diverged(unchecked_step, self._gather(metrics))
             self._unchecked = None
+
+    def checkpoint(self, step: int, state: dict[str, Any] | None = None, force: bool = False) -> None:
+        if not (force or self._due(step, self.cfg.run.checkpoint_every)):
+            return
+        self.check_unlogged()
         state = state if state is not None else self._state
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":

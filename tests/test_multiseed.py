@@ -74,3 +74,7 @@ def test_seeds_errors(tiny, tmp_path):
     twice = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
                     check=False)
     assert twice.returncode == 1 and "a seed is given twice" in twice.stderr and "Traceback" not in twice.stderr
+    dropout = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "1", "--actor-dropout", "0.1", "--steps", "10",
+                      "--run.out-dir", str(tmp_path), check=False)
+    assert dropout.returncode == 1 and "--actor-dropout 0.1: dropout is not drawn per seed" in dropout.stderr
+    assert "Traceback" not in dropout.stderr
