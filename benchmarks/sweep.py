@@ -156,6 +156,38 @@ def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None
                                     pass_fds=(lock.fileno(),) if os.name == "posix" else ())
 
 
+def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, object]]:
+    """For a run folder with a config.json: the options it was made with that this sweep's command line for it
+    would change and a resume may not (offrl.run.config_changes: what `--resume` refuses)."""
+    import importlib
+
+    import tyro
+
+    from offrl.config import to_dict
+    from offrl.run import config_changes, default_config
+
+    saved = job.run_dir / "config.json"
+    if not saved.exists():
+        return []
+    module = importlib.import_module(f"algos.{job.algo}")
+    cfg = tyro.cli(module.Config, args=job.command(common)[3:])
+    current = json.loads(json.dumps(to_dict(cfg), default=str))
+    return config_changes(json.loads(saved.read_text()), current, default_config(module.Config))
+
+
+def check_finished_options(jobs: list[Job], common: list[str]) -> None:
+    """A finished run made with other options than this sweep asks for would be counted as this sweep's: refuse
+    (an unfinished one would be refused by its own resume)."""
+    problems = []
+    for job in jobs:
+        if job.done() and (changes := option_changes(job, common)):
+            details = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+            problems.append(f"{job.run_dir}: {details}")
+    if problems:
+        raise SystemExit(f"error: {len(problems)} finished run(s) were made with other options than this sweep asks "
+                         "for (a new --name or --out-dir keeps both):\n  " + "\n  ".join(problems))
+
+
 def unfinished(jobs: list[Job]) -> list[Job]:
     pending = [j for j in jobs if not j.done()]
     print(f"{len(jobs) - len(pending)} of {len(jobs)} runs already finished; {len(pending)} to go", flush=True)
@@ -330,6 +362,15 @@ def run_command(command: list[str], run_dir: str, log_path: str, env_updates: di
                 break
             except BlockingIOError:
                 time.sleep(1)
+        final = Path(run_dir) / "final.json"  # finished meanwhile by the process that held the lock (a local sweep)
+        if final.exists() and "--steps" in command:
+            import json
+
+            try:
+                if str(json.loads(final.read_text()).get("steps")) == command[command.index("--steps") + 1]:
+                    return {"returncode": 0, "seconds": time.time() - start, "node": socket.gethostname()}
+            except ValueError:  # a final.json being written: let the run itself decide
+                pass
         set_aside_unstarted(Path(run_dir))
         proc = subprocess.Popen([sys.executable, *command[1:]], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 pass_fds=(lock.fileno(),))
@@ -454,6 +495,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "ray" and args.spread_threads:
         parser.error("--spread-threads is for the local backend (a Ray task keeps the CPUs it asked for)")
     common = shlex.split(args.common)
+    check_finished_options(jobs_of(args), common)
     if args.backend == "ray":
         failed = run_ray(jobs_of(args), common, args.ray_address, args.threads, args.ray_retries)
     else:

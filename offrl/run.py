@@ -59,6 +59,28 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def config_changes(saved: dict, current: dict, defaults: dict) -> list[tuple[str, Any, Any]]:
+    """(option, saved value, current value) for each option of a run's saved config (config.json's nesting) that
+    `current` changes and a resume may not change. An option that did not exist when the run started trained
+    it at the option's default (`defaults`, flattened; new options keep the old behaviour by default), so the
+    current config must ask for that default too (e.g. run.precision fp32, model.precision fp32: another value
+    would train on, or load a dynamics model, unlike the run's start)."""
+    saved, current = flatten(saved), flatten(current)
+    for key, value in defaults.items():
+        saved.setdefault(key, value)
+    return [(key, saved[key], current.get(key)) for key in sorted(saved)
+            if not resumable(key) and saved[key] != current.get(key)]
+
+
+def default_config(config_cls: type) -> dict[str, Any]:
+    """A Config class at its defaults, flattened as config.json stores it ({} where it has required fields)."""
+    try:
+        default = config_cls()
+    except TypeError:
+        return {}
+    return flatten(json.loads(json.dumps(to_dict(default), default=str)))
+
+
 def resumable(path: str) -> bool:
     return any(path == allowed or path.startswith(allowed + ".") for allowed in RESUMABLE_CHANGES)
 
@@ -195,26 +217,13 @@ class Run:
         return max(p.stat().st_mtime for p in (last, ckpt.previous_path(last)) if p.exists())
 
     def _check_same_config(self, state: dict) -> None:
-        saved, current = flatten(json.loads(state.get("config", "{}"))), flatten(self.config)
-        # An option that did not exist when the run started trained it at the option's default (new options keep
-        # the old behaviour by default), so the resume must ask for that default too (e.g. run.precision fp32,
-        # model.precision fp32: another value would train on, or load a dynamics model, unlike the run's start).
-        for key, value in self._default_config().items():
-            saved.setdefault(key, value)
-        changed = [(key, saved[key], current.get(key)) for key in sorted(saved)
-                   if not resumable(key) and saved[key] != current.get(key)]
+        changed = config_changes(json.loads(state.get("config", "{}")), self.config, self._default_config())
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
 
     def _default_config(self) -> dict[str, Any]:
-        """The run's Config class at its defaults, flattened as config.json stores it ({} where it has required
-        fields)."""
-        try:
-            default = type(self.cfg)()
-        except TypeError:
-            return {}
-        return flatten(json.loads(json.dumps(to_dict(default), default=str)))
+        return default_config(type(self.cfg))
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:

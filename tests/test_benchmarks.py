@@ -687,3 +687,38 @@ def test_committed_riql_reward_scale_table_regenerates_from_its_committed_run_fo
     assert_committed_table_regenerates(
         "benchmarks/riql_reward_scale.sh", [], {}, folder, ("riql-reward-scale.md", "riql-reward-scale.json"), tmp_path,
         "not what the committed run folders give; make it again with the script's last command (DRY_RUN=1 prints it)")
+
+
+def test_a_sweep_refuses_finished_runs_made_with_other_options(tmp_path):
+    """A finished run counts as the sweep's only if the sweep's command line for it gives the config it was made
+    with (up to what a resume may change): else the table would mix configs under one label."""
+    import tyro
+
+    from benchmarks import sweep
+    from offrl.config import to_dict
+
+    job = sweep.Job("bc", "bc", ["--frac", "0.5"], "offrl/tiny-v0", 0, 100, tmp_path / "s")
+    made_with = ["--eval.episodes", "3"]
+    job.run_dir.mkdir(parents=True)
+    cfg = tyro.cli(__import__("algos.bc", fromlist=["Config"]).Config, args=job.command(made_with)[3:])
+    (job.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), default=str))
+    (job.run_dir / "final.json").write_text(json.dumps({"steps": 100}))
+    sweep.check_finished_options([job], made_with)  # the same options
+    sweep.check_finished_options([job], ["--eval.episodes", "10", "--run.threads", "2"])  # what a resume may change
+    with pytest.raises(SystemExit, match=r"(?s)1 finished run\(s\) were made with other options.*frac: 0.5 -> 0.25"):
+        sweep.check_finished_options([sweep.Job("bc", "bc", ["--frac", "0.25"], "offrl/tiny-v0", 0, 100, tmp_path / "s")],
+                                     made_with)
+
+
+def test_a_ray_task_does_not_run_a_run_finished_while_it_waited(tmp_path):
+    """A Ray task that gets the run's lock after another sweep finished the run returns without starting it
+    (a resume would rewrite final.json with one more resume and more wall time)."""
+    from benchmarks import sweep
+
+    run_dir = tmp_path / "0-sweep"
+    run_dir.mkdir()
+    (run_dir / "final.json").write_text(json.dumps({"steps": 100}))
+    never = [PYTHON, "-m", "algos.no_such_module", "--steps", "100"]  # exits 1 if it were started
+    result = sweep.run_command(never, str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)
+    assert result["returncode"] == 0 and not (tmp_path / "0-sweep.log").read_text()
+    assert sweep.run_command([*never[:-1], "200"], str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)["returncode"] == 1
