@@ -217,13 +217,10 @@ class Run:
         return max(p.stat().st_mtime for p in (last, ckpt.previous_path(last)) if p.exists())
 
     def _check_same_config(self, state: dict) -> None:
-        changed = config_changes(json.loads(state.get("config", "{}")), self.config, self._default_config())
+        changed = config_changes(json.loads(state.get("config", "{}")), self.config, default_config(type(self.cfg)))
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
-
-    def _default_config(self) -> dict[str, Any]:
-        return default_config(type(self.cfg))
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:
