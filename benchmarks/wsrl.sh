@@ -27,6 +27,9 @@
 #   JOBS=2 benchmarks/wsrl.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
+word() {  # one word inside a --variant string, which the sweep splits like a shell: quoted only where it must be
+  case $1 in *[!A-Za-z0-9_./{}:+,=@%-]*) printf %q "$1" ;; *) printf %s "$1" ;; esac
+}
 out=${1:-runs-bench}
 jobs=${JOBS:-2}
 pre_steps=${PRE_STEPS:-20000}
@@ -51,7 +54,7 @@ run python -m offrl.cli datasets make "$ds"
 pre=(python -m benchmarks.sweep --name wsrl-pre --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}"
      --steps "$pre_steps" --jobs "$jobs" --spread-threads --common "--eval.every $pre_eval_every --eval.episodes 10 --run.checkpoint-every 500 $common${pre_common:+ $pre_common}"
      --variant "cql=cql --hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup")
-checkpoint="$out/wsrl-pre/cql/cql/$(echo "$ds" | tr '/' '-')/{seed}-sweep"
+checkpoint=$(word "$out/wsrl-pre/cql/cql/$(echo "$ds" | tr '/' '-')/{seed}-sweep")
 online=(python -m benchmarks.sweep --name wsrl-online --out-dir "$out" --datasets "$ds" --seeds "${seeds[@]}" --steps "$online_steps"
         --jobs "$jobs" --spread-threads
         --common "--eval.every $eval_every --eval.episodes 10 --run.checkpoint-every 1000 $common${online_common:+ $online_common}"

@@ -525,8 +525,8 @@ def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the
 
     from benchmarks import speed, sweep
 
-    def dry(**env):
-        text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "wsrl.sh"), str(tmp_path / "runs")], check=True,
+    def dry(out=tmp_path / "runs", **env):
+        text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "wsrl.sh"), str(out)], check=True,
                               capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env},
                               timeout=120).stdout  # a script that ignored DRY_RUN would start training
         return [shlex.split(line) for line in text.splitlines()]
@@ -569,6 +569,12 @@ def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the
     staged = sweeps(dry(COMMON="--run.precision bf16", PRE_COMMON="--log.every 500", ONLINE_COMMON="--run.compile"))
     assert shlex.split(option(staged["wsrl-pre"], "--common"))[-4:] == ["--run.precision", "bf16", "--log.every", "500"]
     assert shlex.split(option(staged["wsrl-online"], "--common"))[-3:] == ["--run.precision", "bf16", "--run.compile"]
+    # an out-dir with a space reaches the online runs' --checkpoint as one path
+    spaced = sweeps(dry(out=tmp_path / "my runs"))["wsrl-online"]
+    checkpoints = {option(sweep.parse_variant(spaced[i + 1])[2], "--checkpoint")
+                   for i, x in enumerate(spaced) if x == "--variant"}
+    assert checkpoints == {str(tmp_path / "my runs" / "wsrl-pre" / "cql" / "cql" / "offrl-hopper-medium-v0" / "{seed}-sweep"),
+                           "none"}
 
 
 def test_a_table_says_env_steps_for_online_algorithms():
