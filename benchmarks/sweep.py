@@ -7,7 +7,9 @@
 A variant is `label=algo [extra options]`, e.g. `--variant "iql-corrupt=iql --data.corrupt next_observations"`.
 Run i of a variant lives in <out-dir>/<name>/<label>/<algo>/<dataset>/<seed>-sweep/. Rerunning the same
 command skips finished runs and continues interrupted ones from their last checkpoint (--resume auto),
-so a sweep can span sessions. Two 1-thread processes beat one 2-thread process on 2 cores
+so a sweep can span sessions; a run that stopped on a NaN/inf (its diverged.json) is left alone and
+counted as failed, since resuming it replays the same steps into the same NaN (--retry-diverged resumes
+it anyway). Two 1-thread processes beat one 2-thread process on 2 cores
 (results/speed.md, "Runs sharing the CPU").
 
 Each run holds a lock (`<seed>-sweep.lock` beside its log) for as long as its process lives, with either
@@ -33,9 +35,10 @@ MINARI_DATASETS_PATH, and --out-dir must be a path every node and this machine s
 filesystem): the runs write there and the sweep reads their final.json there. Ctrl-C cancels the tasks;
 each stops its run with SIGTERM, which checkpoints, so the next invocation resumes.
 
-`--status` runs nothing: per variant, how many runs have finished, run now (their lock is held), were
-interrupted (a checkpoint to resume) or have not started, the steps left (from each started run's last
-logged step; it resumes at its last checkpoint, a little before), and at the variant's pace so far (its
+`--status` runs nothing: per variant, how many runs have finished, run now (their lock is held), stopped
+on a NaN/inf (diverged), were interrupted (a checkpoint to resume) or have not started, the steps left
+(from each started run's last logged step; it resumes at its last checkpoint, a little before; none for
+a diverged run, which a sweep does not resume), and at the variant's pace so far (its
 finished runs' wall seconds per step from final.json, evaluations and checkpoints included, at the
 threads they ran with) the core-hours those steps need. A run finished at another --steps counts as
 interrupted, as a sweep would resume it.
@@ -54,7 +57,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from offrl.checkpoint import has_checkpoint, try_lock
+from offrl.checkpoint import diverged, has_checkpoint, try_lock
 from offrl.logging import step_of
 from offrl.data.sources import sanitize
 
@@ -79,6 +82,10 @@ class Job:
 
     def has_checkpoint(self) -> bool:
         return has_checkpoint(self.run_dir)
+
+    def diverged(self) -> dict | None:
+        """What the run's diverged.json says when a NaN/inf stopped it and it was not resumed since."""
+        return None if self.done() else diverged(self.run_dir)
 
     @property
     def log_path(self) -> Path:
@@ -194,6 +201,22 @@ def unfinished(jobs: list[Job]) -> list[Job]:
     return pending
 
 
+def set_aside_diverged(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
+    """(the jobs to run, the diverged ones left alone): resumed, a diverged run replays the steps from its last
+    checkpoint with the same RNG state into the same NaN, so a sweep does not retry it unless told to."""
+    runnable, left = [], []
+    for job in jobs:
+        record = job.diverged()
+        if record is None:
+            runnable.append(job)
+            continue
+        left.append(job)
+        print(f"diverged, not run again: {job.label} {job.dataset} seed {job.seed} ({', '.join(record.get('metrics', []))} "
+              f"not finite at step {record.get('step', '?')}; {job.run_dir / 'diverged.json'}); --retry-diverged "
+              "resumes it", flush=True)
+    return runnable, left
+
+
 def last_logged_step(run_dir: Path) -> int:
     """The last `step` in the run's metrics.jsonl (0 when none): how far an unfinished run got."""
     metrics = run_dir / "metrics.jsonl"
@@ -206,14 +229,17 @@ def last_logged_step(run_dir: Path) -> int:
 
 
 def run_state(job: Job) -> str:
-    """finished, running (another process holds the run's lock), interrupted (a checkpoint) or not started.
-    Testing the lock takes it for an instant; a sweep that meets it then waits for the run and tries again."""
+    """finished, running (another process holds the run's lock), diverged (stopped on a NaN/inf), interrupted
+    (a checkpoint) or not started. Testing the lock takes it for an instant; a sweep that meets it then waits
+    for the run and tries again."""
     if job.done():
         return "finished"
     if job.lock_path.exists():
         with open(job.lock_path, "a") as lock:
             if not try_lock(lock):
                 return "running"
+    if job.diverged() is not None:
+        return "diverged"
     return "interrupted" if job.has_checkpoint() else "not started"
 
 
@@ -223,7 +249,8 @@ def status(jobs: list[Job]) -> list[dict]:
     rows: dict[str, dict] = {}
     for job in jobs:
         row = rows.setdefault(job.label, {"variant": job.label, "runs": 0, "finished": 0, "running": 0,
-                                          "interrupted": 0, "not started": 0, "steps_left": 0, "_paces": []})
+                                          "diverged": 0, "interrupted": 0, "not started": 0, "steps_left": 0,
+                                          "_paces": []})
         state = run_state(job)
         row["runs"] += 1
         row[state] += 1
@@ -231,6 +258,8 @@ def status(jobs: list[Job]) -> list[dict]:
             final = json.loads((job.run_dir / "final.json").read_text())
             if final.get("wall_seconds"):
                 row["_paces"].append(final["wall_seconds"] / job.steps)
+        elif state == "diverged":  # not run again by a sweep (--retry-diverged): no steps left to plan for
+            pass
         elif state == "not started":  # a folder without a checkpoint is set aside and started from step 0
             row["steps_left"] += job.steps
         else:  # it resumes at its last checkpoint, up to --run.checkpoint-every before its last logged step
@@ -244,13 +273,13 @@ def status(jobs: list[Job]) -> list[dict]:
 
 
 def print_status(rows: list[dict]) -> None:
-    print(f"{'variant':24s} {'runs':>5s} {'finished':>9s} {'running':>8s} {'interrupted':>12s} {'not started':>12s} "
-          f"{'steps left':>11s} {'s/step':>8s} {'core-hours left':>16s}")
+    print(f"{'variant':24s} {'runs':>5s} {'finished':>9s} {'running':>8s} {'diverged':>9s} {'interrupted':>12s} "
+          f"{'not started':>12s} {'steps left':>11s} {'s/step':>8s} {'core-hours left':>16s}")
     for r in rows:
         pace = f"{r['seconds_per_step']:.4f}" if r["seconds_per_step"] is not None else "-"
         hours = f"{r['core_hours_left']:.1f}" if r["core_hours_left"] is not None else "? (none finished)"
-        print(f"{r['variant']:24s} {r['runs']:5d} {r['finished']:9d} {r['running']:8d} {r['interrupted']:12d} "
-              f"{r['not started']:12d} {r['steps_left']:11d} {pace:>8s} {hours:>16s}")
+        print(f"{r['variant']:24s} {r['runs']:5d} {r['finished']:9d} {r['running']:8d} {r['diverged']:9d} "
+              f"{r['interrupted']:12d} {r['not started']:12d} {r['steps_left']:11d} {pace:>8s} {hours:>16s}")
 
 
 def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1) -> list[Job]:
@@ -485,6 +514,9 @@ def main(argv: list[str] | None = None) -> None:
                              "default: RAY_ADDRESS, else a Ray instance on this machine for this sweep")
     parser.add_argument("--ray-retries", type=int, default=3,
                         help="times Ray reruns a run whose worker or node died (it resumes from its checkpoint)")
+    parser.add_argument("--retry-diverged", action="store_true",
+                        help="resume runs that stopped on a NaN/inf (their diverged.json); by default a sweep "
+                             "leaves them alone and counts them as failed")
     parser.add_argument("--status", action="store_true",
                         help="run nothing: print each variant's finished, running, interrupted and unstarted runs, "
                              "steps left and their core-hours at the pace of its finished runs")
@@ -496,12 +528,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--spread-threads is for the local backend (a Ray task keeps the CPUs it asked for)")
     common = shlex.split(args.common)
     check_finished_options(jobs_of(args), common)
+    jobs, left = (jobs_of(args), []) if args.retry_diverged else set_aside_diverged(jobs_of(args))
     if args.backend == "ray":
-        failed = run_ray(jobs_of(args), common, args.ray_address, args.threads, args.ray_retries)
+        failed = run_ray(jobs, common, args.ray_address, args.threads, args.ray_retries)
     else:
-        failed = run(jobs_of(args), common, args.jobs, args.spread_threads, args.threads)
-    if failed:
-        raise SystemExit(f"{len(failed)} run(s) failed; see their logs next to the run folders")
+        failed = run(jobs, common, args.jobs, args.spread_threads, args.threads)
+    if failed or left:
+        raise SystemExit(f"{len(failed) + len(left)} run(s) failed ({len(left)} left alone as diverged); see their "
+                         "logs next to the run folders")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -50,6 +51,22 @@ def previous_path(path: str | os.PathLike) -> Path:
 def has_checkpoint(run_dir: str | os.PathLike) -> bool:
     last = run_checkpoint(run_dir)
     return last.exists() or previous_path(last).exists()
+
+
+# Written into a run folder when training stopped on a NaN/inf (offrl.run), removed when the run is resumed.
+DIVERGED_FILE = "diverged.json"
+
+
+def diverged(run_dir: str | os.PathLike) -> dict | None:
+    """What a run folder's diverged.json says (step, metrics, value, last_checkpoint_step), or None: a run
+    that stopped on a NaN/inf and has not been resumed since."""
+    path = Path(run_dir) / DIVERGED_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:  # cut short: still a divergence
+        return {}
 
 
 def try_lock(file) -> bool:

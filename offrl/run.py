@@ -12,9 +12,10 @@ checkpoints, the divergence check and the final metrics. An algorithm file drive
     return run.finish()
 
 A run lives in <out_dir>/<algo>/<dataset>/<seed>-<time>/ with config.json, environment.json,
-metrics.jsonl, final.json and checkpoints/last.pt. Resuming reopens the folder, restores models,
-optimizers, sampler and RNG state, and drops metrics logged after the checkpoint, so an
-interrupted-and-resumed run ends with the same numbers as an uninterrupted one (CPU).
+metrics.jsonl, final.json and checkpoints/last.pt (and diverged.json when a NaN/inf stopped it).
+Resuming reopens the folder, restores models, optimizers, sampler and RNG state, and drops metrics
+logged after the checkpoint, so an interrupted-and-resumed run ends with the same numbers as an
+uninterrupted one (CPU).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ class Run:
             self.wall_before = self._restored_state.get("wall_seconds")
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
+            (self.dir / ckpt.DIVERGED_FILE).unlink(missing_ok=True)  # tried again: it says so anew if it diverges again
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
         if data is not None:
@@ -335,6 +337,11 @@ class Run:
         self.logger.log(step, row)
         self.logger.close()
         self._restore_signals()
+        # a sweep reads this and does not start the run again on its own: a resume would replay the same
+        # steps from the same RNG state into the same divergence
+        (self.dir / ckpt.DIVERGED_FILE).write_text(json.dumps({
+            "step": step, "metrics": bad, "value": str(row[bad[0]]),
+            "last_checkpoint_step": self.last_checkpoint_step}, indent=2))
         raise TrainingDiverged(f"{self.algo} seed {self.cfg.seed}: {', '.join(bad)} became {row[bad[0]]} at step "
                                f"{step}; {kept}")
 

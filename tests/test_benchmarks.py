@@ -507,8 +507,8 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
                           timeout=120).stdout
     assert [line for line in text.splitlines() if line.startswith("grid-")] == ["grid-fast (100000 steps):",
                                                                                  "grid-mopo (20000 steps):"]
-    rows = {line.split()[0]: line.split()[1:7] for line in text.splitlines() if line.split()[0] in ("bc", "mopo")}
-    assert rows == {"bc": ["27", "0", "0", "0", "27", "2700000"], "mopo": ["27", "0", "0", "0", "27", "540000"]}
+    rows = {line.split()[0]: line.split()[1:8] for line in text.splitlines() if line.split()[0] in ("bc", "mopo")}
+    assert rows == {"bc": ["27", "0", "0", "0", "0", "27", "2700000"], "mopo": ["27", "0", "0", "0", "0", "27", "540000"]}
     assert not (tmp_path / "status").exists()
 
 
@@ -603,9 +603,10 @@ def test_only_rollout_rounds_inside_the_timed_loop_count_toward_its_rollout_shar
 
 
 def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_finished_runs_pace(tmp_path, capsys):
-    """`--status` runs nothing; it reads the run folders: final.json (finished), a held lock (running), a
-    checkpoint (interrupted), nothing (not started); the steps left come from each unfinished run's last
-    logged step, the core-hours from the finished runs' wall_seconds per step."""
+    """`--status` runs nothing; it reads the run folders: final.json (finished), a held lock (running),
+    diverged.json (diverged: no steps left, a sweep does not resume it), a checkpoint (interrupted), nothing
+    (not started); the steps left come from each unfinished run's last logged step, the core-hours from the
+    finished runs' wall_seconds per step."""
     import argparse
     import json
 
@@ -621,6 +622,11 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
     (interrupted / "metrics.jsonl").write_text("".join(json.dumps({"step": k, "loss": 1.0}) + "\n" for k in (20, 40)))
+    stopped = jobs["iql", 1].run_dir  # a NaN at step 50, after a checkpoint
+    (stopped / "checkpoints").mkdir(parents=True)
+    (stopped / "checkpoints" / "last.pt").write_bytes(b"")
+    (stopped / "metrics.jsonl").write_text(json.dumps({"step": 50, "loss": float("nan")}) + "\n")
+    (stopped / "diverged.json").write_text(json.dumps({"step": 50, "metrics": ["loss"]}))
     running = jobs["iql", 0]
     running.run_dir.mkdir(parents=True)
     (running.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10}) + "\n")
@@ -628,17 +634,51 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
         assert sweep.try_lock(lock)
         sweep.main([*argv, "--status"])
         rows = {r["variant"]: r for r in sweep.status(list(jobs.values()))}
-    assert rows["bc"] == {"variant": "bc", "runs": 3, "finished": 2, "running": 0, "interrupted": 1, "not started": 0,
-                          "steps_left": 60, "seconds_per_step": pytest.approx(0.54),
+    assert rows["bc"] == {"variant": "bc", "runs": 3, "finished": 2, "running": 0, "diverged": 0, "interrupted": 1,
+                          "not started": 0, "steps_left": 60, "seconds_per_step": pytest.approx(0.54),
                           "core_hours_left": pytest.approx(60 * 0.54 / 3600)}
-    assert rows["iql"]["running"] == 1 and rows["iql"]["not started"] == 2 and rows["iql"]["steps_left"] == 290
+    assert [rows["iql"][k] for k in ("running", "diverged", "interrupted", "not started", "steps_left")] == [1, 1, 0, 1, 190]
     assert rows["iql"]["seconds_per_step"] is None and rows["iql"]["core_hours_left"] is None
     printed = capsys.readouterr().out
     assert "? (none finished)" in printed
     assert not jobs["iql", 2].run_dir.exists() and not jobs["iql", 2].lock_path.exists()  # it made nothing
     # with the lock let go, that run counts as not started (no checkpoint yet): a sweep starts it from step 0
     after = {r["variant"]: r for r in sweep.status(list(jobs.values()))}["iql"]
-    assert after["not started"] == 3 and after["steps_left"] == 300
+    assert after["not started"] == 2 and after["diverged"] == 1 and after["steps_left"] == 200
+
+
+def test_a_sweep_leaves_a_diverged_run_alone_unless_told_to_retry_it(tmp_path, capsys):
+    """Resumed, a run that stopped on a NaN replays the same steps with the same RNG state into the same NaN: a
+    sweep starts no process for it, names it and exits non-zero; --retry-diverged hands it to the backend."""
+    import argparse
+    import json
+
+    args = argparse.Namespace(name="s", out_dir=str(tmp_path), variant=["bc=bc"], datasets=["d"], seeds=[0, 1], steps=100)
+    first, second = sweep.jobs_of(args)
+    for job in (first, second):
+        (job.run_dir / "checkpoints").mkdir(parents=True)
+        (job.run_dir / "checkpoints" / "last.pt").write_bytes(b"")
+    (second.run_dir / "diverged.json").write_text(json.dumps({"step": 70, "metrics": ["actor_loss"], "value": "nan"}))
+    runnable, left = sweep.set_aside_diverged([first, second])
+    assert runnable == [first] and left == [second]
+    assert "bc d seed 1 (actor_loss not finite at step 70" in capsys.readouterr().out
+    (second.run_dir / "final.json").write_text(json.dumps({"steps": 100}))  # finished after all (resumed by hand)
+    assert sweep.set_aside_diverged([second]) == ([second], [])
+    (second.run_dir / "final.json").unlink()
+
+    handed = []
+    def fake_run(jobs, *rest):
+        handed.append(jobs)
+        return []
+    argv = ["--name", "s", "--out-dir", str(tmp_path), "--variant", "bc=bc", "--datasets", "d", "--seeds", "0", "1",
+            "--steps", "100"]
+    import unittest.mock
+    with unittest.mock.patch.object(sweep, "run", fake_run):
+        with pytest.raises(SystemExit, match=r"1 run\(s\) failed \(1 left alone as diverged\)"):
+            sweep.main(argv)
+        assert [j.seed for j in handed[-1]] == [0]
+        sweep.main([*argv, "--retry-diverged"])
+        assert [j.seed for j in handed[-1]] == [0, 1]
 
 
 def assert_committed_table_regenerates(script: str, args: list[str], env: dict, folder: Path, names: tuple[str, ...],

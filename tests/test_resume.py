@@ -159,6 +159,32 @@ def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
     with pytest.raises(TrainingDiverged, match=r"critic_loss became nan at step 2.*no checkpoint"):
         run.log(2, {"critic_loss": torch.tensor(float("nan")), "actor_loss": torch.tensor(0.0)})
     assert signals.getsignal(signals.SIGINT) is before  # the run gave Ctrl-C back
+    # the folder says so, for a sweep not to start it again
+    assert ckpt.diverged(run.dir) == {"step": 2, "metrics": ["critic_loss"], "value": "nan", "last_checkpoint_step": None}
+
+
+def test_a_diverged_run_says_so_in_its_folder_until_it_is_resumed(tiny, tmp_path):
+    from algos.td3_bc import Config
+    from offrl.run import Run
+
+    def config(**kwargs):
+        cfg = Config(steps=10, **kwargs)
+        cfg.log.wandb, cfg.log.progress, cfg.eval.every, cfg.run.out_dir = "disabled", False, 0, str(tmp_path)
+        cfg.log.every = 1
+        return cfg
+
+    state = {"net": torch.nn.Linear(1, 1)}
+    run = Run("td3_bc", config())
+    with pytest.raises(TrainingDiverged, match=r"the last good checkpoint \(step 3\)"):
+        for step in run.steps(state):
+            run.checkpoint(step, force=step == 3)
+            run.log(step, {"q": torch.tensor(float("inf") if step == 5 else 1.0)})
+    assert ckpt.diverged(run.dir) == {"step": 5, "metrics": ["q"], "value": "inf", "last_checkpoint_step": 3}
+    assert ckpt.diverged(tmp_path) is None
+    resumed = Run("td3_bc", config(resume=str(run.dir)))  # tried again, e.g. by `sweep --retry-diverged`
+    assert resumed.start_step == 3 and ckpt.diverged(run.dir) is None
+    resumed.logger.close()
+    resumed._restore_signals()
 
 
 def test_a_non_finite_host_value_stops_the_run_too(tiny, tmp_path):
