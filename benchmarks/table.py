@@ -73,7 +73,8 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
         prefix, key = metric.split("/", 1)
         final_score = reevaluated(run_dir, *reevaluate)["results"][prefix][key]
     return {"final": final_score, "best": max(evals, default=final.get(metric)), "metric": metric,
-            "seed": final["seed"], "steps": final["steps"], "episodes": episodes, "train_episodes": config["eval"]["episodes"],
+            "seed": final["seed"], "steps": final["steps"], "stopped_at": final.get("stopped_at_step"),
+            "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
             "curve": sorted(curve.items()), "finished": max(times, default=None)}
@@ -194,6 +195,17 @@ def hardware_of(groups: dict, runs: list[dict]) -> str:
     return hardware
 
 
+def steps_cell(row: dict) -> str:
+    """The budget, and where early stopping ended the runs that stopped before it: '100000 (stopped at
+    38000-50000)'."""
+    budget = "/".join(map(str, row["steps"]))
+    stopped = [k for k in row.get("stopped_at", []) if k is not None]
+    if not stopped:
+        return budget
+    low, high = min(stopped), max(stopped)
+    return f"{budget} (stopped at {low if low == high else f'{low}-{high}'})"
+
+
 def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
               reps: int = stats.REPS, seed: int = stats.SEED, profiles: bool = False, curves: bool = False) -> dict:
     """Everything a table says, as plain data (the --json output): caption facts, one entry per row with
@@ -224,6 +236,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
+        stopped = sorted({r["stopped_at"] for r in rs if r.get("stopped_at") is not None and r["stopped_at"] < r["steps"]})
+        if stopped:  # early stopping (RCSL's hold-out loss): the steps trained, not the budget
+            row["stopped_at"] = [r.get("stopped_at") for r in rs]
         if curves:
             row["curve"] = curve_of(rs, reps, seed)
         out["rows"].append(row)
@@ -303,6 +318,9 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
              "wall time over all of a run's processes (n/a for runs resumed before offrl recorded it), which depends "
              "on what else ran on the machine.",
              ""]
+    if any("stopped_at" in row for row in summary["rows"]):
+        lines[-2] += (" Steps: the budget, and in brackets where early stopping (RCSL's hold-out loss) ended the "
+                      "runs of a row (the policy of the best hold-out loss is the one evaluated).")
     if command:
         lines += [f"Command: `{command}`", ""]
     lines += ["| variant | dataset | seeds | steps | precision | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
@@ -311,7 +329,7 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
         final, best = row["final"], row["best"]
         hours = "n/a" if row["hours_per_run"] is None else f"{row['hours_per_run']:.2f}" + (
             "" if row["runs_with_wall_time"] == row["n"] else f" ({row['runs_with_wall_time']} of {row['n']} runs)")
-        lines.append(f"| {row['variant']} | {row['dataset']} | {row['n']} | {'/'.join(map(str, row['steps']))} | "
+        lines.append(f"| {row['variant']} | {row['dataset']} | {row['n']} | {steps_cell(row)} | "
                      f"{'/'.join(row['precision'])} | {final['mean']:.1f} ± {final['std']:.1f} | "
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
     lines += ["", "## Aggregate over datasets", "",

@@ -295,6 +295,28 @@ def test_a_seed_in_two_run_folders_is_refused_and_a_root_given_twice_counts_once
         table.collect([copy])
 
 
+def test_a_row_stopped_early_says_where_beside_its_budget(sweeps, tmp_path):
+    """RCSL stops on its hold-out loss: its final.json's stopped_at_step, not the budget, is what it trained; a
+    row whose runs stopped early shows both, and a table without such runs says nothing of it."""
+    import shutil
+
+    copy = tmp_path / "local"
+    shutil.copytree(sweeps["root"] / "local", copy)
+    for seed, stopped in ((0, 30), (1, 45)):
+        path = copy / "bc" / "bc" / "offrl-tiny-v0" / f"{seed}-sweep" / "final.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "stopped_at_step": stopped}))
+    ray = str(sweeps["root"] / "ray")  # td3's runs
+    text = table.main([str(copy), ray, "--reps", "200"])
+    (bc,) = [line for line in text.splitlines() if line.startswith("| bc | offrl")]
+    (td3,) = [line for line in text.splitlines() if line.startswith("| td3 | offrl")]
+    assert "| 2 | 60 (stopped at 30-45) |" in bc and "| 2 | 60 |" in td3
+    assert "in brackets where early stopping (RCSL's hold-out loss) ended the runs" in text
+    rows = {r["variant"]: r for r in table.summarize(table.collect([copy, Path(ray)]), "t", None, reps=200)["rows"]}
+    assert rows["bc"]["stopped_at"] == [30, 45] and "stopped_at" not in rows["td3"]
+    untouched = table.main([str(sweeps["root"] / "local"), ray, "--reps", "200"])
+    assert "stopped at" not in untouched and "early stopping" not in untouched
+
+
 def test_plots_cli_writes_the_pngs(sweeps, tmp_path):
     written = run_cli(PYTHON, "-m", "benchmarks.plots", str(sweeps["root"] / "local"), "--out-dir", str(tmp_path / "p"),
                       "--reps", "200").stdout.split()
