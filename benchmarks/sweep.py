@@ -8,8 +8,8 @@ A variant is `label=algo [extra options]`, e.g. `--variant "iql-corrupt=iql --da
 Run i of a variant lives in <out-dir>/<name>/<label>/<algo>/<dataset>/<seed>-sweep/. Rerunning the same
 command skips finished runs and continues interrupted ones from their last checkpoint (--resume auto),
 so a sweep can span sessions; a run that stopped on a NaN/inf (its diverged.json) is left alone and
-counted as failed, since resuming it replays the same steps into the same NaN (--retry-diverged resumes
-it anyway). Two 1-thread processes beat one 2-thread process on 2 cores
+counted as failed, since resuming it replays the same steps into the same NaN (--retry-diverged runs
+it again). Two 1-thread processes beat one 2-thread process on 2 cores
 (results/speed.md, "Runs sharing the CPU").
 
 Each run holds a lock (`<seed>-sweep.lock` beside its log) for as long as its process lives, with either
@@ -213,7 +213,7 @@ def set_aside_diverged(jobs: list[Job]) -> tuple[list[Job], list[Job]]:
         left.append(job)
         print(f"diverged, not run again: {job.label} {job.dataset} seed {job.seed} ({', '.join(record.get('metrics', []))} "
               f"not finite at step {record.get('step', '?')}; {job.run_dir / 'diverged.json'}); --retry-diverged "
-              "resumes it", flush=True)
+              "runs it again", flush=True)
     return runnable, left
 
 
@@ -282,8 +282,11 @@ def print_status(rows: list[dict]) -> None:
               f"{r['interrupted']:12d} {r['not started']:12d} {r['steps_left']:11d} {pace:>8s} {hours:>16s}")
 
 
-def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1) -> list[Job]:
-    """Run the unfinished jobs, `parallel` at a time with `threads` threads each; returns the ones that failed."""
+def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1,
+        retry_diverged: bool = False) -> list[Job]:
+    """Run the unfinished jobs, `parallel` at a time with `threads` threads each; returns the ones that failed.
+    A run that diverges meanwhile (here or in another process) is not started again, unless `retry_diverged`
+    for one another process left diverged."""
     pending = unfinished(jobs)
     running: list[Running] = []
     failed = []
@@ -298,6 +301,9 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
             pending.remove(job)
             if job.done():  # finished by a process of an earlier sweep meanwhile
                 print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                continue
+            if not retry_diverged and set_aside_diverged([job])[1]:  # diverged in another process meanwhile
+                failed.append(job)
                 continue
             proc = launch(job, common, threads)
             if proc is None:
@@ -320,7 +326,8 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
             job, proc = entry.job, entry.proc
             if proc.poll() is None:
                 continue
-            if entry.respawn_threads is not None and not job.done():
+            # a run told to stop checks its last metrics before its checkpoint: one that diverged there stays failed
+            if entry.respawn_threads is not None and not job.done() and job.diverged() is None:
                 proc = launch(job, common, entry.respawn_threads)
                 if proc is not None:
                     entry.proc, entry.threads = proc, entry.respawn_threads
@@ -361,7 +368,8 @@ def ray_resources(job: Job, common: list[str], threads: int) -> dict:
     return {"num_cpus": threads, "num_gpus": 1 if wants_gpu(common) or wants_gpu(job.extra) else 0}
 
 
-def run_command(command: list[str], run_dir: str, log_path: str, env_updates: dict[str, str], cwd: str | None) -> dict:
+def run_command(command: list[str], run_dir: str, log_path: str, env_updates: dict[str, str], cwd: str | None,
+                retry_diverged: bool = False) -> dict:
     """The body of a run's Ray task, on whichever node Ray picks: the local backend's command line in a
     subprocess with this node's Python, its output appended to the run's log. Standard library only (Ray
     ships it by value). A cancelled task stops the run with SIGTERM, which checkpoints; when the worker
@@ -400,6 +408,9 @@ def run_command(command: list[str], run_dir: str, log_path: str, env_updates: di
                     return {"returncode": 0, "seconds": time.time() - start, "node": socket.gethostname()}
             except ValueError:  # a final.json being written: let the run itself decide
                 pass
+        if not retry_diverged and (Path(run_dir) / "diverged.json").exists():  # (offrl.checkpoint.DIVERGED_FILE)
+            return {"returncode": "diverged meanwhile (diverged.json), not started again", "seconds": time.time() - start,
+                    "node": socket.gethostname()}
         set_aside_unstarted(Path(run_dir))
         proc = subprocess.Popen([sys.executable, *command[1:]], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 pass_fds=(lock.fileno(),))
@@ -437,7 +448,7 @@ def task_environment() -> dict[str, str]:
 
 
 def run_ray(jobs: list[Job], common: list[str], address: str | None = None, threads: int = 1,
-            max_retries: int = 3) -> list[Job]:
+            max_retries: int = 3, retry_diverged: bool = False) -> list[Job]:
     """Run the unfinished jobs as Ray tasks on the cluster at `address` (or an already initialized Ray);
     returns the ones that failed. A run counts as done when its final.json says so, read here: the run
     folders must be on a filesystem this machine shares with the nodes."""
@@ -460,7 +471,7 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
         options = dict(ray_resources(job, common, threads), max_retries=max_retries, retry_exceptions=False)
         env_job = {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         ref = task.options(**options, name=f"{job.label}-{sanitize(job.dataset)}-{job.seed}").remote(
-            job.command(common, threads), str(job.run_dir), str(job.log_path), env_job, cwd)
+            job.command(common, threads), str(job.run_dir), str(job.log_path), env_job, cwd, retry_diverged)
         refs[ref] = (job, time.time())
         print(f"submit {job.label} {job.dataset} seed {job.seed} ({options['num_cpus']} CPU, "
               f"{options['num_gpus']} GPU)", flush=True)
@@ -515,11 +526,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ray-retries", type=int, default=3,
                         help="times Ray reruns a run whose worker or node died (it resumes from its checkpoint)")
     parser.add_argument("--retry-diverged", action="store_true",
-                        help="resume runs that stopped on a NaN/inf (their diverged.json); by default a sweep "
-                             "leaves them alone and counts them as failed")
+                        help="run again the runs that stopped on a NaN/inf (their diverged.json), from their last "
+                             "checkpoint (from step 0 without one); by default a sweep leaves them alone and counts "
+                             "them as failed")
     parser.add_argument("--status", action="store_true",
-                        help="run nothing: print each variant's finished, running, interrupted and unstarted runs, "
-                             "steps left and their core-hours at the pace of its finished runs")
+                        help="run nothing: print each variant's finished, running, diverged, interrupted and unstarted "
+                             "runs, steps left and their core-hours at the pace of its finished runs")
     args = parser.parse_args(argv)
     if args.status:
         print_status(status(jobs_of(args)))
@@ -530,9 +542,9 @@ def main(argv: list[str] | None = None) -> None:
     check_finished_options(jobs_of(args), common)
     jobs, left = (jobs_of(args), []) if args.retry_diverged else set_aside_diverged(jobs_of(args))
     if args.backend == "ray":
-        failed = run_ray(jobs, common, args.ray_address, args.threads, args.ray_retries)
+        failed = run_ray(jobs, common, args.ray_address, args.threads, args.ray_retries, args.retry_diverged)
     else:
-        failed = run(jobs, common, args.jobs, args.spread_threads, args.threads)
+        failed = run(jobs, common, args.jobs, args.spread_threads, args.threads, args.retry_diverged)
     if failed or left:
         raise SystemExit(f"{len(failed) + len(left)} run(s) failed ({len(left)} left alone as diverged); see their "
                          "logs next to the run folders")

@@ -197,13 +197,14 @@ def hardware_of(groups: dict, runs: list[dict]) -> str:
 
 def steps_cell(row: dict) -> str:
     """The budget, and where early stopping ended the runs that stopped before it: '100000 (stopped at
-    38000-50000)'."""
+    38000-50000)', or '100000 (1 of 3 stopped at 40000)' when the others ran the whole budget."""
     budget = "/".join(map(str, row["steps"]))
     stopped = [k for k in row.get("stopped_at", []) if k is not None]
     if not stopped:
         return budget
     low, high = min(stopped), max(stopped)
-    return f"{budget} (stopped at {low if low == high else f'{low}-{high}'})"
+    which = "" if len(stopped) == row["n"] else f"{len(stopped)} of {row['n']} "
+    return f"{budget} ({which}stopped at {low if low == high else f'{low}-{high}'})"
 
 
 def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
@@ -236,9 +237,10 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
-        stopped = sorted({r["stopped_at"] for r in rs if r.get("stopped_at") is not None and r["stopped_at"] < r["steps"]})
-        if stopped:  # early stopping (RCSL's hold-out loss): the steps trained, not the budget
-            row["stopped_at"] = [r.get("stopped_at") for r in rs]
+        # early stopping (RCSL's hold-out loss): the steps trained, per seed, where fewer than the budget
+        stopped = [r["stopped_at"] if (r.get("stopped_at") or r["steps"]) < r["steps"] else None for r in rs]
+        if any(k is not None for k in stopped):
+            row["stopped_at"] = stopped
         if curves:
             row["curve"] = curve_of(rs, reps, seed)
         out["rows"].append(row)

@@ -28,7 +28,7 @@
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 word() {  # one word inside a --variant string, which the sweep splits like a shell: quoted only where it must be
-  case $1 in *[!A-Za-z0-9_./{}:+,=@%-]*) printf %q "$1" ;; *) printf %s "$1" ;; esac
+  case $1 in *[!A-Za-z0-9_./{}:+,=@%-]*) printf "'%s'" "${1//\'/\'\\\'\'}" ;; *) printf %s "$1" ;; esac
 }
 out=${1:-runs-bench}
 jobs=${JOBS:-2}

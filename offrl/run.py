@@ -158,7 +158,6 @@ class Run:
             self.wall_before = self._restored_state.get("wall_seconds")
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
-            (self.dir / ckpt.DIVERGED_FILE).unlink(missing_ok=True)  # tried again: it says so anew if it diverges again
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
         if data is not None:
@@ -280,6 +279,8 @@ class Run:
                 torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
             self.last_checkpoint_step = self.start_step
             self._restored_state = None
+            # tried again (a resume refused before this point keeps it): it says so anew if it diverges again
+            (self.dir / ckpt.DIVERGED_FILE).unlink(missing_ok=True)
             print(f"resumed {self.dir} at step {self.start_step}", file=sys.stderr)
         self._state = state
         return self._iterate()
@@ -339,9 +340,12 @@ class Run:
         self._restore_signals()
         # a sweep reads this and does not start the run again on its own: a resume would replay the same
         # steps from the same RNG state into the same divergence
-        (self.dir / ckpt.DIVERGED_FILE).write_text(json.dumps({
-            "step": step, "metrics": bad, "value": str(row[bad[0]]),
-            "last_checkpoint_step": self.last_checkpoint_step}, indent=2))
+        try:
+            (self.dir / ckpt.DIVERGED_FILE).write_text(json.dumps({
+                "step": step, "metrics": bad, "value": str(row[bad[0]]),
+                "last_checkpoint_step": self.last_checkpoint_step}, indent=2))
+        except OSError as e:  # a full disk: the divergence is still what to report
+            print(f"warning: could not write {self.dir / ckpt.DIVERGED_FILE}: {e}", file=sys.stderr)
         raise TrainingDiverged(f"{self.algo} seed {self.cfg.seed}: {', '.join(bad)} became {row[bad[0]]} at step "
                                f"{step}; {kept}")
 

@@ -313,6 +313,9 @@ def test_a_row_stopped_early_says_where_beside_its_budget(sweeps, tmp_path):
     assert "in brackets where early stopping (RCSL's hold-out loss) ended the runs" in text
     rows = {r["variant"]: r for r in table.summarize(table.collect([copy, Path(ray)]), "t", None, reps=200)["rows"]}
     assert rows["bc"]["stopped_at"] == [30, 45] and "stopped_at" not in rows["td3"]
+    path.write_text(json.dumps({**json.loads(path.read_text()), "stopped_at_step": 60}))  # seed 1 ran all 60 steps
+    (bc,) = [line for line in table.main([str(copy), "--reps", "200"]).splitlines() if line.startswith("| bc | offrl")]
+    assert "| 2 | 60 (1 of 2 stopped at 30) |" in bc
     untouched = table.main([str(sweeps["root"] / "local"), ray, "--reps", "200"])
     assert "stopped at" not in untouched and "early stopping" not in untouched
 
@@ -701,6 +704,11 @@ def test_a_sweep_leaves_a_diverged_run_alone_unless_told_to_retry_it(tmp_path, c
         assert [j.seed for j in handed[-1]] == [0]
         sweep.main([*argv, "--retry-diverged"])
         assert [j.seed for j in handed[-1]] == [0, 1]
+    # a run that diverges in another process while a sweep waits for it is not started again either: the local
+    # backend passes it over, a Ray task returns without starting it
+    assert sweep.run([second], [], 1) == [second] and not second.log_path.exists()
+    result = sweep.run_command(second.command([]), str(second.run_dir), str(second.log_path), {}, None)
+    assert "diverged" in str(result["returncode"]) and second.log_path.read_text() == ""
 
 
 def assert_committed_table_regenerates(script: str, args: list[str], env: dict, folder: Path, names: tuple[str, ...],

@@ -182,7 +182,9 @@ def test_a_diverged_run_says_so_in_its_folder_until_it_is_resumed(tiny, tmp_path
     assert ckpt.diverged(run.dir) == {"step": 5, "metrics": ["q"], "value": "inf", "last_checkpoint_step": 3}
     assert ckpt.diverged(tmp_path) is None
     resumed = Run("td3_bc", config(resume=str(run.dir)))  # tried again, e.g. by `sweep --retry-diverged`
-    assert resumed.start_step == 3 and ckpt.diverged(run.dir) is None
+    assert resumed.start_step == 3 and ckpt.diverged(run.dir) is not None  # until training starts again
+    resumed.steps(state)
+    assert ckpt.diverged(run.dir) is None
     resumed.logger.close()
     resumed._restore_signals()
 
