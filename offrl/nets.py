@@ -3,7 +3,8 @@
 Actors work in a normalized action space [-1, 1] internally and map to the env's bounds with
 `action_scale` / `action_bias` buffers, so asymmetric Box bounds work too. Critic ensembles are one
 `EnsembleLinear` stack (a [E, in, out] weight and one `baddbmm`; a 1-unit output layer on the CPU is a
-multiply-and-sum), never a Python loop over members.
+multiply-and-sum), never a Python loop over members: the one exception is an ensemble LayerNorm on the CPU,
+one fused normalize-and-affine call per member (`EnsembleLayerNorm`).
 
 On the CPU, products whose result is narrow ([M, n], n small) run far below the BLAS's peak, so the layers
 keep such products out of the update: `Linear` stores an input layer's weight column-major, `EnsembleLinear`
@@ -69,15 +70,24 @@ class MLP(nn.Sequential):
             count = members.numel() if isinstance(members, torch.Tensor) else len(range(self.members)[members])
         rows = self.rows_per_pass(count)
         if x.device.type == "cpu" and x.dim() == 2 and x.shape[0] > rows:
-            return torch.cat([self.one_pass(block, members) for block in x.split(rows)], dim=-2)
+            # the members' weights are gathered once for all blocks: gathered per block, every block's backward
+            # scattered its gradient into a new zero tensor of the whole ensemble's weights
+            layers = self.layers_for(members)
+            return torch.cat([self.one_pass(block, members, layers) for block in x.split(rows)], dim=-2)
         return self.one_pass(x, members)
 
-    def one_pass(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
-        """The network on all of x at once."""
+    def layers_for(self, members: slice | torch.Tensor | None) -> list:
+        """The layers as callables on x, the ensemble layers restricted to `members`."""
         layers = list(self._modules.values())
-        if members is not None:
-            layers = [partial(layer, members=members) if isinstance(layer, (EnsembleLinear, EnsembleLayerNorm))
-                      else layer for layer in layers]
+        if members is None:
+            return layers
+        return [partial(layer, params=layer.member_params(members))
+                if isinstance(layer, (EnsembleLinear, EnsembleLayerNorm)) else layer for layer in layers]
+
+    def one_pass(self, x: torch.Tensor, members: slice | torch.Tensor | None = None,
+                 layers: list | None = None) -> torch.Tensor:
+        """The network on all of x at once (`layers`: `layers_for(members)`, when already made)."""
+        layers = self.layers_for(members) if layers is None else layers
         for layer in layers[:self.head_start]:
             x = layer(x)
         if not torch.is_autocast_enabled(x.device.type):
@@ -204,7 +214,16 @@ def mlp(in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 256), activatio
     return MLP(*layers, head_layers=2 if output_activation is not None else 1)
 
 
-class EnsembleLinear(nn.Module):
+class _MemberParams:
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    def member_params(self, members: slice | torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) of `members` (all of them for None), leading dim e."""
+        return (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
+
+
+class EnsembleLinear(_MemberParams, nn.Module):
     """E independent linear layers as one [E, in, out] weight: x [E, B, in] (or [B, in], shared) -> [E, B, out].
     `members` (a slice of the E, or an index tensor, repeats allowed) runs only those members: x [e, B, in] or
     [B, in] -> [e, B, out].
@@ -223,8 +242,10 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.weight, -bound, bound)
         nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
-        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None,
+                params: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`params`: the members' (weight, bias) when already gathered (`member_params`)."""
+        weight, bias = self.member_params(members) if params is None else params
         if self.out_dim == 1 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # A critic's output unit. On the CPU a batched product with a one-column result, and the two
             # in its backward, run far below the BLAS's peak (a [2, 256, 256] x [2, 256, 1] baddbmm took
@@ -238,8 +259,10 @@ class EnsembleLinear(nn.Module):
         return f"ensemble_size={self.ensemble_size}, in_dim={self.in_dim}, out_dim={self.out_dim}"
 
 
-class EnsembleLayerNorm(nn.Module):
+class EnsembleLayerNorm(_MemberParams, nn.Module):
     """LayerNorm over the last dim with a separate affine transform per member."""
+
+    CPU_MAX_MEMBER_CALLS = 16
 
     def __init__(self, ensemble_size: int, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -247,9 +270,24 @@ class EnsembleLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ensemble_size, 1, dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None) -> torch.Tensor:
-        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
-        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * weight + bias
+    def forward(self, x: torch.Tensor, members: slice | torch.Tensor | None = None,
+                params: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """LayerNorm of x [e, B, D] (or [B, D], shared) with the members' affine weight and bias [e, 1, D]
+        (`params`: those already gathered, `member_params`).
+
+        On the CPU each member is one `F.layer_norm` call with its own affine, which the kernel applies in the
+        same pass (and whose backward gives the affine's gradients in the same pass): the separate multiply
+        and add, and the three passes of their backward, were memory-bound passes over the activations. Under
+        bf16 autocast the hidden activations stay bfloat16 (the kernel normalizes and applies the float32
+        affine in float32, then rounds once), where the multiply by a float32 weight made them float32 until the
+        next layer cast them back. Other devices, and ensembles of more than `CPU_MAX_MEMBER_CALLS` members, keep
+        one normalization for all members."""
+        weight, bias = self.member_params(members) if params is None else params
+        if x.device.type != "cpu" or len(weight) > self.CPU_MAX_MEMBER_CALLS:
+            return F.layer_norm(x, x.shape[-1:], eps=self.eps) * weight + bias
+        inputs = x.unbind(0) if x.dim() == 3 else [x] * len(weight)
+        return torch.stack([F.layer_norm(member_x, member_x.shape[-1:], member_w[0], member_b[0], self.eps)
+                            for member_x, member_w, member_b in zip(inputs, weight, bias)])
 
 
 class EnsembleMLP(nn.Module):

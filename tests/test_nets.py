@@ -308,3 +308,56 @@ def test_frozen_records_no_weight_gradient_and_restores_requires_grad():
         with frozen(critic):
             raise RuntimeError("inside")
     assert [p.requires_grad for p in critic.parameters()] == [p is not fixed for p in critic.parameters()]
+
+
+@pytest.mark.parametrize("members", [None, torch.tensor([2, 0, 2])])
+@pytest.mark.parametrize("shared_input", [False, True])
+def test_ensemble_layer_norm_per_member_calls_equal_the_batched_formula(members, shared_input):
+    """On the CPU, EnsembleLayerNorm runs one fused F.layer_norm per member: outputs and gradients (inputs,
+    weights, biases, repeated members included) are those of LayerNorm(x) * w + b over the whole ensemble,
+    and under bf16 autocast the output stays bfloat16 within one rounding of that formula."""
+    from offrl.nets import EnsembleLayerNorm
+
+    torch.manual_seed(0)
+    layer = EnsembleLayerNorm(3, 16)
+    with torch.no_grad():
+        layer.weight.normal_(1.0, 0.3)
+        layer.bias.normal_(0.0, 0.3)
+    e = 3 if members is None else len(members)
+    x = torch.randn(*(() if shared_input else (e,)), 33, 16, requires_grad=True)
+    weight, bias = layer.member_params(members)
+
+    def batched():
+        return torch.nn.functional.layer_norm(x, (16,), eps=layer.eps) * weight + bias
+
+    out = layer(x, members)
+    want = batched()
+    torch.testing.assert_close(out, want)
+    upstream = torch.randn_like(want)
+    got_grads = torch.autograd.grad(out, [x, layer.weight, layer.bias], upstream)
+    want_grads = torch.autograd.grad(want, [x, layer.weight, layer.bias], upstream)
+    for got, expected in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = layer(x.detach().bfloat16(), members)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), want.detach(), rtol=2 ** -7, atol=2 ** -7)
+
+
+def test_ensemble_layer_norm_many_members_keep_one_batched_normalization(monkeypatch):
+    """Past CPU_MAX_MEMBER_CALLS members the layer normalizes all members in one call (same values)."""
+    from offrl.nets import EnsembleLayerNorm
+
+    torch.manual_seed(0)
+    layer = EnsembleLayerNorm(4, 8)
+    x = torch.randn(4, 5, 8)
+    per_member = layer(x)
+    calls = []
+    real = torch.nn.functional.layer_norm
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(EnsembleLayerNorm, "CPU_MAX_MEMBER_CALLS", 3)
+    torch.testing.assert_close(layer(x), per_member)
+    assert len(calls) == 1
+    monkeypatch.setattr(EnsembleLayerNorm, "CPU_MAX_MEMBER_CALLS", 16)
+    layer(x)
+    assert len(calls) == 1 + 4
