@@ -69,7 +69,10 @@ timing script beside a 1-thread job; `python -m benchmarks.speed --algos wsrl [-
 actor step reads the critics frozen (`offrl.nets.frozen`): a compiled critic's backward would otherwise compute
 the 10 critics' weight gradients that the actor loss discards. On a 2-core AMD EPYC at one thread, bf16 and
 compiled, an update took 76-81 ms with it against 111-147 ms without (the actor step 29-37 ms against ~62 ms;
-eager fp32 unchanged), in back-to-back timings with nothing else running.
+eager fp32 unchanged), in back-to-back timings with nothing else running. Since the ensemble LayerNorm makes one
+fused call per member on the CPU (`offrl.nets.EnsembleLayerNorm`), a bf16 update on one thread of a 2-core Xeon
+with AMX took 105-108 ms eager and 122 ms compiled (124-129 and 133 before): whether compiling pays depends on
+the CPU, so time both.
 Resume restores networks, optimizers, both replay buffers' sampling state, the online rows, the env's
 simulator state and RNGs, so a resumed run continues the same curve (CPU).
 """
