@@ -39,8 +39,8 @@ each stops its run with SIGTERM, which checkpoints, so the next invocation resum
 on a NaN/inf (diverged), were interrupted (a checkpoint to resume) or have not started, the steps left
 (from each started run's last logged step; it resumes at its last checkpoint, a little before; none for
 a diverged run, which a sweep does not resume), and at the variant's pace so far (its
-finished runs' wall seconds per step from final.json, evaluations and checkpoints included, at the
-threads they ran with) the core-hours those steps need. A run finished at another --steps counts as
+finished runs' core-seconds per step from final.json: wall time times each process's threads,
+evaluations and checkpoints included) the core-hours those steps need. A run finished at another --steps counts as
 interrupted, as a sweep would resume it.
 """
 
@@ -243,9 +243,23 @@ def run_state(job: Job) -> str:
     return "interrupted" if job.has_checkpoint() else "not started"
 
 
+def finished_core_seconds(run_dir: Path) -> float | None:
+    """A finished run's core-seconds: final.json's core_seconds (wall time times each process's threads), or for
+    a run that predates it its wall_seconds times config.json's run.threads (its last process's threads;
+    0, torch's default, read as every core); None when neither is recorded."""
+    final = json.loads((run_dir / "final.json").read_text())
+    if final.get("core_seconds"):
+        return final["core_seconds"]
+    if not final.get("wall_seconds"):
+        return None
+    config = run_dir / "config.json"
+    threads = json.loads(config.read_text()).get("run", {}).get("threads", 1) if config.exists() else 1
+    return final["wall_seconds"] * (threads or os.cpu_count() or 1)
+
+
 def status(jobs: list[Job]) -> list[dict]:
     """One row per variant (label): run counts by state, steps left, and their core-hours at the finished runs'
-    pace (seconds per step from final.json's wall_seconds; None before any run of the variant finished)."""
+    pace (core-seconds per step, `finished_core_seconds`; None before any run of the variant finished)."""
     rows: dict[str, dict] = {}
     for job in jobs:
         row = rows.setdefault(job.label, {"variant": job.label, "runs": 0, "finished": 0, "running": 0,
@@ -255,9 +269,9 @@ def status(jobs: list[Job]) -> list[dict]:
         row["runs"] += 1
         row[state] += 1
         if state == "finished":
-            final = json.loads((job.run_dir / "final.json").read_text())
-            if final.get("wall_seconds"):
-                row["_paces"].append(final["wall_seconds"] / job.steps)
+            core_seconds = finished_core_seconds(job.run_dir)
+            if core_seconds:
+                row["_paces"].append(core_seconds / job.steps)
         elif state == "diverged":  # not run again by a sweep (--retry-diverged): no steps left to plan for
             pass
         elif state == "not started":  # a folder without a checkpoint is set aside and started from step 0
@@ -266,20 +280,20 @@ def status(jobs: list[Job]) -> list[dict]:
             row["steps_left"] += job.steps - min(job.steps, last_logged_step(job.run_dir))
     for row in rows.values():
         paces = row.pop("_paces")
-        row["seconds_per_step"] = sum(paces) / len(paces) if paces else None
-        row["core_hours_left"] = (row["steps_left"] * row["seconds_per_step"] / 3600
-                                  if row["seconds_per_step"] is not None else None)
+        row["core_seconds_per_step"] = sum(paces) / len(paces) if paces else None
+        row["core_hours_left"] = (row["steps_left"] * row["core_seconds_per_step"] / 3600
+                                  if row["core_seconds_per_step"] is not None else None)
     return list(rows.values())
 
 
 def print_status(rows: list[dict]) -> None:
     print(f"{'variant':24s} {'runs':>5s} {'finished':>9s} {'running':>8s} {'diverged':>9s} {'interrupted':>12s} "
-          f"{'not started':>12s} {'steps left':>11s} {'s/step':>8s} {'core-hours left':>16s}")
+          f"{'not started':>12s} {'steps left':>11s} {'core-s/step':>11s} {'core-hours left':>16s}")
     for r in rows:
-        pace = f"{r['seconds_per_step']:.4f}" if r["seconds_per_step"] is not None else "-"
+        pace = f"{r['core_seconds_per_step']:.4f}" if r["core_seconds_per_step"] is not None else "-"
         hours = f"{r['core_hours_left']:.1f}" if r["core_hours_left"] is not None else "? (none finished)"
         print(f"{r['variant']:24s} {r['runs']:5d} {r['finished']:9d} {r['running']:8d} {r['diverged']:9d} "
-              f"{r['interrupted']:12d} {r['not started']:12d} {r['steps_left']:11d} {pace:>8s} {hours:>16s}")
+              f"{r['interrupted']:12d} {r['not started']:12d} {r['steps_left']:11d} {pace:>11s} {hours:>16s}")
 
 
 def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool = False, threads: int = 1,

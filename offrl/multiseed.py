@@ -243,6 +243,8 @@ class SeedRuns:
         from offrl.run import Run
 
         self.runs = [Run(algo, c, data, concurrent=True) for c in cfgs]
+        for run in self.runs:
+            run.process_share = 1 / len(self.runs)
         starts = {r.start_step for r in self.runs}
         if len(starts) > 1:
             found = ", ".join(f"seed {r.cfg.seed} at step {r.start_step}" for r in self.runs)

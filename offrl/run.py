@@ -131,6 +131,10 @@ class Run:
         # wall time of the run's counted steps over all its processes; None after resuming a checkpoint
         # that did not record it (written before offrl kept it)
         self.wall_before: float | None = 0.0
+        # the same times each process's torch threads (core-seconds: what a sweep's --status plans with);
+        # None after resuming a checkpoint that did not record it
+        self.core_before: float | None = 0.0
+        self.process_share = 1.0  # this run's part of its process (--seeds: 1 / seeds)
         self.resumes = 0
         wandb_id = None
         data_record = self._data_record(data) if data is not None else None
@@ -156,6 +160,7 @@ class Run:
             self.extra_evals = json.loads(self._restored_state.get("extra_evals", "{}"))
             wandb_id = self._restored_state.get("wandb_id")
             self.wall_before = self._restored_state.get("wall_seconds")
+            self.core_before = self._restored_state.get("core_seconds")
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
@@ -407,13 +412,22 @@ class Run:
             "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
             "last_metrics": json.dumps(self.last_metrics), "extra_evals": json.dumps(self.extra_evals),
-            "wandb_id": self.logger.wandb_id, "wall_seconds": self.wall_seconds(), "resumes": self.resumes,
+            "wandb_id": self.logger.wandb_id, "wall_seconds": self.wall_seconds(), "core_seconds": self.core_seconds(),
+            "resumes": self.resumes,
         }, keep_previous=True)
         self.last_checkpoint_step = step
 
     def wall_seconds(self) -> float | None:
         """Wall time so far, over every process of a resumed run (steps redone after a kill count once)."""
         return None if self.wall_before is None else self.wall_before + time.perf_counter() - self.start_time
+
+    def core_seconds(self) -> float | None:
+        """Wall time times torch's threads, summed over the run's processes (a run resumed with more
+        threads counts each process at its own; seeds trained in one process share it equally); None where a
+        resumed checkpoint did not record it."""
+        if self.core_before is None:
+            return None
+        return self.core_before + (time.perf_counter() - self.start_time) * torch.get_num_threads() * self.process_share
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write final.json, print the final score, close the logger; return the final metrics."""
@@ -423,7 +437,8 @@ class Run:
             **({"total_steps": self.total_steps} if self.total_steps != self.cfg.steps else {}),
             "run_dir": str(self.dir), **self.last_eval, **{k: v for e in self.extra_evals.values() for k, v in e.items()},
             **{f"train/{k}": v for k, v in self.last_metrics.items()},
-            "wall_seconds": self.wall_seconds(), "resumes": self.resumes, **(extra or {}),
+            "wall_seconds": self.wall_seconds(), "core_seconds": self.core_seconds(), "resumes": self.resumes,
+            **(extra or {}),
         }
         (self.dir / "final.json").write_text(json.dumps(final, indent=2))
         self.logger.close()

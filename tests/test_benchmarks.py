@@ -631,7 +631,8 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
     """`--status` runs nothing; it reads the run folders: final.json (finished), a held lock (running),
     diverged.json (diverged: no steps left, a sweep does not resume it), a checkpoint (interrupted), nothing
     (not started); the steps left come from each unfinished run's last logged step, the core-hours from the
-    finished runs' wall_seconds per step."""
+    finished runs' core-seconds per step (final.json's core_seconds, or for a run without them its wall_seconds
+    times config.json's threads)."""
     import argparse
     import json
 
@@ -639,10 +640,14 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
             "--datasets", "d", "--seeds", "0", "1", "2", "--steps", "100"]
     jobs = {(j.label, j.seed): j for j in sweep.jobs_of(argparse.Namespace(
         name="s", out_dir=str(tmp_path), variant=["bc=bc", "iql=iql"], datasets=["d"], seeds=[0, 1, 2], steps=100))}
-    for seed, wall in ((0, 36.0), (1, 72.0)):  # bc: two finished runs, 0.36 and 0.72 s a step
+    # bc: two finished runs, 0.36 and 0.72 core-seconds a step: one recorded its core-seconds (36 s of wall
+    # time, at first on one thread, then resumed on two), the other predates them (36 s on 2 threads)
+    finished = {0: {"steps": 100, "wall_seconds": 30.0, "core_seconds": 36.0}, 1: {"steps": 100, "wall_seconds": 36.0}}
+    for seed, final in finished.items():
         run_dir = jobs["bc", seed].run_dir
         run_dir.mkdir(parents=True)
-        (run_dir / "final.json").write_text(json.dumps({"steps": 100, "wall_seconds": wall}))
+        (run_dir / "final.json").write_text(json.dumps(final))
+        (run_dir / "config.json").write_text(json.dumps({"run": {"threads": 2}}))
     interrupted = jobs["bc", 2].run_dir
     (interrupted / "checkpoints").mkdir(parents=True)
     (interrupted / "checkpoints" / "last.pt").write_bytes(b"")
@@ -660,10 +665,10 @@ def test_sweep_status_counts_runs_by_state_and_prices_the_steps_left_at_the_fini
         sweep.main([*argv, "--status"])
         rows = {r["variant"]: r for r in sweep.status(list(jobs.values()))}
     assert rows["bc"] == {"variant": "bc", "runs": 3, "finished": 2, "running": 0, "diverged": 0, "interrupted": 1,
-                          "not started": 0, "steps_left": 60, "seconds_per_step": pytest.approx(0.54),
+                          "not started": 0, "steps_left": 60, "core_seconds_per_step": pytest.approx(0.54),
                           "core_hours_left": pytest.approx(60 * 0.54 / 3600)}
     assert [rows["iql"][k] for k in ("running", "diverged", "interrupted", "not started", "steps_left")] == [1, 1, 0, 1, 190]
-    assert rows["iql"]["seconds_per_step"] is None and rows["iql"]["core_hours_left"] is None
+    assert rows["iql"]["core_seconds_per_step"] is None and rows["iql"]["core_hours_left"] is None
     printed = capsys.readouterr().out
     assert "? (none finished)" in printed
     assert not jobs["iql", 2].run_dir.exists() and not jobs["iql", 2].lock_path.exists()  # it made nothing

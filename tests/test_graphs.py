@@ -126,7 +126,7 @@ def test_a_recorded_step_replays_fresh_inputs_and_random_draws():
 
 
 def _rows(run_dir):
-    volatile = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+    volatile = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
     return [{k: v for k, v in json.loads(line).items() if k not in volatile}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

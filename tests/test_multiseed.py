@@ -64,6 +64,8 @@ def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone
                            for name in ("straight", "split"))
         for key in ("eval/return_mean", "train/critic_loss", "train/actor_loss", "train/value_loss"):
             assert straight[key] == split[key], (seed, key)
+        # the 2 seeds share their one-thread process: each counts half its core-seconds
+        assert straight["core_seconds"] == pytest.approx(straight["wall_seconds"] / 2, rel=1e-3)
     assert_reevaluation_reproduces(run_folder(tmp_path / "straight", 3))  # `offrl eval` rebuilds seed 3 alone
 
 

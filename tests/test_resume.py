@@ -18,7 +18,7 @@ from conftest import PYTHON, ROOT, run_cli, saved_step
 COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
           "--hidden", "64", "64"]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 def strip(row):
@@ -209,7 +209,8 @@ def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
 
 def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):
     """final.json's wall_seconds is the run's time over all its processes, not the last one's; the
-    time between a kill and the resume does not count. Unknown (None) after a checkpoint without it."""
+    time between a kill and the resume does not count. Unknown (None) after a checkpoint without it.
+    core_seconds weighs each process's time by its torch threads (a resume on 2 threads counts twice)."""
     import offrl.run
     from algos.td3_bc import Config
     from offrl.run import Run
@@ -232,23 +233,27 @@ def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):
     first.logger.close()
     first._restore_signals()
     clock[0] += 500.0  # down time before the resume
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(offrl.run.torch, "get_num_threads", lambda: 2 * threads)  # the resume's process
     resumed = Run("td3_bc", config(resume=str(first.dir)))
     for step in resumed.steps(state):
         clock[0] += 10.0
         resumed.checkpoint(step)  # at the last step, as every algorithm's loop does
     final = resumed.finish()
     assert final["wall_seconds"] == pytest.approx(40.0) and final["resumes"] == 1
+    assert final["core_seconds"] == pytest.approx(20.0 * threads + 20.0 * 2 * threads)
     assert json.loads((first.dir / "final.json").read_text())["wall_seconds"] == pytest.approx(40.0)
 
     checkpoint = first.dir / "checkpoints" / "last.pt"
     saved = ckpt.load(checkpoint)
     assert saved["wall_seconds"] == pytest.approx(40.0)
-    del saved["wall_seconds"]  # as written before offrl kept the wall time
+    del saved["wall_seconds"], saved["core_seconds"]  # as written before offrl kept the wall time
     torch.save(saved, checkpoint)  # and without the checksum wrapper, as such files were written
     again = Run("td3_bc", config(resume=str(first.dir), steps=6))
     for step in again.steps(state):
         clock[0] += 10.0
-    assert again.finish()["wall_seconds"] is None
+    final = again.finish()
+    assert final["wall_seconds"] is None and final["core_seconds"] is None
 
 
 def test_resume_drops_a_cut_off_metrics_line_and_rows_after_its_checkpoint(tmp_path):

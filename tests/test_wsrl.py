@@ -24,7 +24,7 @@ from offrl.sac import SACAgent
 from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 
 QUIET = ["--eval.episodes", "2", "--log.wandb", "disabled", "--log.no-progress"]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "resumes", "run_dir")
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 @pytest.fixture(scope="module")
