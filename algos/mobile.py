@@ -132,17 +132,24 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
     return lambda: agent.update(model_data.batch(cfg.batch_size, real_ratio), real_rows(cfg.batch_size, real_ratio))
 
 
+def resolve_config(cfg: Config) -> Config:
+    """`cfg` with the dataset's model-epoch cap (SETTINGS) where --model.max-epochs is not given, as the run
+    records it (config.json): a sweep compares a finished run's options with this (benchmarks.sweep)."""
+    model_epochs = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)[4]
+    if model_epochs is not None and cfg.model.max_epochs is None:
+        cfg.model.max_epochs = model_epochs
+    return cfg
+
+
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mobile")
-    horizon, penalty_coef, tune_alpha, real_ratio, model_epochs = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
+    horizon, penalty_coef, tune_alpha, real_ratio, _ = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
     tune_alpha = cfg.tune_alpha if cfg.tune_alpha is not None else tune_alpha
     real_ratio = cfg.real_ratio if cfg.real_ratio is not None else (real_ratio or 0.05)
-    if model_epochs is not None and cfg.model.max_epochs is None:
-        cfg.model.max_epochs = model_epochs
-    run = Run("mobile", cfg, data)
+    run = Run("mobile", resolve_config(cfg), data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run.device)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)
     state = {"agent": agent, **model_data.objects()}

@@ -178,6 +178,8 @@ def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, objec
         return []
     module = importlib.import_module(f"algos.{job.algo}")
     cfg = tyro.cli(module.Config, args=job.command(common)[3:])
+    if hasattr(module, "resolve_config"):  # defaults the algorithm fills in from the dataset before the run starts
+        cfg = module.resolve_config(cfg)
     current = json.loads(json.dumps(to_dict(cfg), default=str))
     return config_changes(json.loads(saved.read_text()), current, default_config(module.Config))
 

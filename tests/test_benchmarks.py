@@ -789,6 +789,19 @@ def test_a_sweep_refuses_finished_runs_made_with_other_options(tmp_path):
     with pytest.raises(SystemExit, match=r"(?s)1 finished run\(s\) were made with other options.*frac: 0.5 -> 0.25"):
         sweep.check_finished_options([sweep.Job("bc", "bc", ["--frac", "0.25"], "offrl/tiny-v0", 0, 100, tmp_path / "s")],
                                      made_with)
+    # MOBILE records the dataset's model-epoch cap (30 on walker2d medium) that its command line leaves unset
+    import algos.mobile
+
+    mobile = sweep.Job("mobile", "mobile", [], "offrl/walker2d/medium-v0", 0, 100, tmp_path / "m")
+    mobile.run_dir.mkdir(parents=True)
+    recorded = algos.mobile.resolve_config(tyro.cli(algos.mobile.Config, args=mobile.command([])[3:]))
+    assert recorded.model.max_epochs == 30
+    (mobile.run_dir / "config.json").write_text(json.dumps(to_dict(recorded), default=str))
+    (mobile.run_dir / "final.json").write_text(json.dumps({"steps": 100}))
+    sweep.check_finished_options([mobile], [])
+    with pytest.raises(SystemExit, match=r"model.max_epochs: 30 -> 5"):
+        sweep.check_finished_options([sweep.Job("mobile", "mobile", ["--model.max-epochs", "5"], "offrl/walker2d/medium-v0",
+                                                0, 100, tmp_path / "m")], [])
 
 
 def test_a_ray_task_does_not_run_a_run_finished_while_it_waited(tmp_path):
