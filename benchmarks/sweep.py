@@ -124,6 +124,20 @@ class Running:
     start: float
     threads: int
     respawn_threads: int | None = None  # set once the run was asked to stop for a restart with more threads
+    # diverged.json's version when the process started (a --retry-diverged run's): only a newer one means the
+    # run diverged meanwhile; a retried run stopped before training removed it still has the old one
+    diverged_at_start: int | None = None
+
+    def diverged_meanwhile(self) -> bool:
+        return self.job.diverged() is not None and diverged_version(self.job) != self.diverged_at_start
+
+
+def diverged_version(job: Job) -> int | None:
+    """diverged.json's modification time (ns), None without one."""
+    try:
+        return (job.run_dir / "diverged.json").stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def thread_shares(cores: int, runs: int) -> list[int]:
@@ -329,7 +343,7 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                           f"(lock {job.lock_path})", flush=True)
                 held.append(job)
                 continue
-            running.append(Running(job, proc, time.time(), threads))
+            running.append(Running(job, proc, time.time(), threads, diverged_at_start=diverged_version(job)))
             print(f"start {job.label} {job.dataset} seed {job.seed} (pid {proc.pid})", flush=True)
         if spread_threads and not pending and not held and running:
             for entry, share in zip(running, thread_shares(parallel * threads, len(running))):
@@ -343,7 +357,7 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
             if proc.poll() is None:
                 continue
             # a run told to stop checks its last metrics before its checkpoint: one that diverged there stays failed
-            if entry.respawn_threads is not None and not job.done() and job.diverged() is None:
+            if entry.respawn_threads is not None and not job.done() and not entry.diverged_meanwhile():
                 proc = launch(job, common, entry.respawn_threads)
                 if proc is not None:
                     entry.proc, entry.threads = proc, entry.respawn_threads

@@ -376,6 +376,36 @@ def test_spread_threads_restarts_the_last_run_with_the_idle_cores(tmp_path):
     assert sweep.thread_shares(5, 2) == [3, 2] and sweep.thread_shares(2, 2) == [1, 1]
 
 
+RETRIED_RUN = """
+import json, pathlib, sys, time
+run_dir, threads, steps = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+with open(run_dir.parent / "launches.txt", "a") as f:
+    f.write(f"{run_dir.name} {threads}\\n")
+if threads == 1:
+    time.sleep(60)  # stopped by the sweep's SIGTERM before training starts: diverged.json stays
+(run_dir / "diverged.json").unlink()  # as Run.steps() does once training starts
+(run_dir / "final.json").write_text(json.dumps({"steps": steps}))
+"""
+
+
+class RetriedJob(sweep.Job):
+    def command(self, common, threads=1):
+        return [PYTHON, "-c", RETRIED_RUN, str(self.run_dir), str(threads), str(self.steps)]
+
+
+def test_a_retried_diverged_run_stopped_before_training_is_restarted_with_the_idle_cores(tmp_path):
+    """--retry-diverged with --spread-threads: the retried run is stopped for more threads before it trained (its
+    diverged.json still the one it was retried for); it is started again, not counted as diverged meanwhile."""
+    job = RetriedJob("fake", "bc", [], "d", 0, 10, tmp_path)
+    (job.run_dir / "checkpoints").mkdir(parents=True)
+    (job.run_dir / "checkpoints" / "last.pt").write_text("")
+    (job.run_dir / "diverged.json").write_text(json.dumps({"step": 5, "metrics": ["loss"]}))
+    assert sweep.run([job], [], parallel=2, spread_threads=True, retry_diverged=True) == []
+    # the first process may be stopped before it writes its line
+    assert (job.run_dir.parent / "launches.txt").read_text().split("\n")[:-1][-1] == "0-sweep 2"
+    assert job.done()
+
+
 def test_table_caption_states_threads_a_resume_changed():
     run = {"final": 50.0, "best": 60.0, "seed": 0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
            "env": {"processor": "x86_64", "cpu_count": 2, "device": "cpu"}, "wall": None, "threads": 1}
