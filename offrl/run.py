@@ -340,8 +340,11 @@ class Run:
             return
         kept = (f"the last good checkpoint (step {self.last_checkpoint_step}) is kept at {self.checkpoint_path}"
                 if self.last_checkpoint_step is not None else "no checkpoint was written before it")
-        self.logger.log(step, row)
-        self.logger.close()
+        try:
+            self.logger.log(step, row)
+            self.logger.close()
+        except (OSError, OffrlError) as e:  # a full disk: the divergence is still what to report
+            print(f"warning: the diverged step's metrics were not logged: {e}", file=sys.stderr)
         self._restore_signals()
         # a sweep reads this and does not start the run again on its own: a resume would replay the same
         # steps from the same RNG state into the same divergence

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from offrl import checkpoint as ckpt
-from offrl.errors import CheckpointError, TrainingDiverged
+from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 
 from conftest import PYTHON, ROOT, run_cli, saved_step
 
@@ -161,6 +161,17 @@ def test_a_non_finite_loss_stops_the_run_naming_loss_and_step(tiny, tmp_path):
     assert signals.getsignal(signals.SIGINT) is before  # the run gave Ctrl-C back
     # the folder says so, for a sweep not to start it again
     assert ckpt.diverged(run.dir) == {"step": 2, "metrics": ["critic_loss"], "value": "nan", "last_checkpoint_step": None}
+
+    # a full disk as the diverged step's metrics are logged: still reported as the divergence, still recorded
+    full = Run("td3_bc", cfg)
+
+    def no_room(*args, **kwargs):
+        raise OffrlError(f"{full.logger.metrics_path}: cannot be written (No space left on device) at step 2")
+
+    full.logger.log = no_room
+    with pytest.raises(TrainingDiverged, match=r"critic_loss became nan at step 2"):
+        full.log(2, {"critic_loss": torch.tensor(float("nan"))})
+    assert ckpt.diverged(full.dir)["step"] == 2
 
 
 def test_a_diverged_run_says_so_in_its_folder_until_it_is_resumed(tiny, tmp_path):
