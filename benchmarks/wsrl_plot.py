@@ -51,10 +51,13 @@ def is_wsrl_run(path: Path) -> bool:
 
 
 def find_runs(path: Path) -> list[Path]:
-    """`path` if it is a wsrl run folder, else the wsrl run folders under it (other algorithms' are skipped)."""
+    """`path` if it is a wsrl run folder, else the wsrl run folders under it (other algorithms' are skipped, and
+    the folders a sweep set aside as `<run>.unstarted-<k>`: a run stopped before its first checkpoint, started
+    again in its own folder)."""
     if is_wsrl_run(path):
         return [path]
-    return sorted(p.parent for p in path.rglob("metrics.jsonl") if is_wsrl_run(p.parent))
+    return sorted(p.parent for p in path.rglob("metrics.jsonl")
+                  if is_wsrl_run(p.parent) and ".unstarted-" not in p.parent.name)
 
 
 def eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -124,7 +127,9 @@ def run_summary(run_dir: Path, dip_window: int) -> dict | None:
     return {"seed": int(config.get("seed", 0)), "start": float(scores[0]), "lowest": lowest,
             "dip": float(scores[0]) - lowest, "last": float(scores[-1]), "last_step": int(steps[-1]),
             "updates_begin": begin, "finished": budget is None or int(steps[-1]) >= int(budget),
-            "window_done": int(steps[-1]) >= begin + dip_window, "pretraining": pretraining_level(run_dir, config)}
+            "window_done": int(steps[-1]) >= begin + dip_window and len(window) > 0,
+            "window_empty": int(steps[-1]) >= begin + dip_window and not len(window),
+            "pretraining": pretraining_level(run_dir, config)}
 
 
 def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict[str, dict[str, dict]]:
@@ -152,6 +157,9 @@ def checks(labels: dict[str, dict]) -> list[str]:
     runs = {label: {r["seed"]: r for r in stats.get("runs", [])} for label, stats in labels.items()}
 
     def missing(label, done="finished"):
+        if done == "window_done" and (empty := sorted(seed for seed, r in runs[label].items() if r["window_empty"])):
+            return (f"{label}'s seeds {empty} have no evaluation in the dip window (--dip-window shorter than the "
+                    "runs' evaluation period)")
         short = sorted(seed for seed, r in runs[label].items() if not r[done])
         what = "short of their budget" if done == "finished" else "not past the dip window"
         return f"{label}'s seeds {short} are {what}" if short else None
@@ -240,6 +248,15 @@ def collect(sources: list[str]) -> dict[str, dict[str, list[Path]]]:
         for run_dir in runs:
             config = json.loads((run_dir / "config.json").read_text())
             groups[config.get("dataset", "?")][label or variant(config)].append(run_dir)
+    for dataset, labels in groups.items():  # a seed in two folders would count twice in n, means and checks
+        for label, runs in labels.items():
+            folders: dict[int, Path] = {}
+            for run_dir in runs:
+                seed = int(json.loads((run_dir / "config.json").read_text()).get("seed", 0))
+                if seed in folders:
+                    raise SystemExit(f"error: seed {seed} of {label} on {dataset} has two run folders, "
+                                     f"{folders[seed]} and {run_dir}: keep one")
+                folders[seed] = run_dir
     return groups
 
 

@@ -327,6 +327,25 @@ def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path)
     assert "dip with warm-up < without: not assessed (no warm-up's seeds [1] are not past the dip window)" in text
 
 
+def test_claims_skip_set_aside_folders_and_refuse_a_seed_twice_or_an_empty_dip_window(tmp_path):
+    """A folder a sweep set aside (`<run>.unstarted-<k>`, a restart before the first checkpoint) is not a run;
+    a seed in two folders of one variant is an error; a dip window without an evaluation leaves the dip claim
+    not assessed, saying why (it was 'NOT met' on NaN)."""
+    fake_run(tmp_path / "runs" / "0-sweep", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)
+    fake_run(tmp_path / "runs" / "0-sweep.unstarted-1", {0: 50}, seed=0)
+    fake_run(tmp_path / "runs" / "sc", {0: 1, 400: 75}, checkpoint="none", seed=0)
+    out = tmp_path / "claims.md"
+    wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100"])
+    assert "| WSRL | 1 |" in out.read_text() and "(last >= start; in 1 of 1 seeds)" in out.read_text()
+    fake_run(tmp_path / "runs" / "nw", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
+    wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "20"])
+    assert ("dip with warm-up < without: not assessed (WSRL's seeds [0] have no evaluation in the dip window "
+            "(--dip-window shorter than the runs' evaluation period)") in out.read_text()
+    fake_run(tmp_path / "runs" / "again", {0: 50, 100: 20}, seed=0)
+    with pytest.raises(SystemExit, match="seed 0 of WSRL on offrl/tiny-v0 has two run folders"):
+        wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png")])
+
+
 def test_pretraining_level_is_the_mean_of_its_last_ten_evaluations_up_to_the_checkpoint(tmp_path):
     """Context beside the claims: per run, the mean of the pre-training run's last 10 evaluations at or before the
     step of the checkpoint fine-tuned (final.json's `pretrained`), read from the folder --checkpoint names ({seed}
