@@ -146,9 +146,12 @@ sweep() {  # NAME STEPS COMMON CLASS_ALGOS... : one benchmarks.sweep over the se
       --steps "$steps" "${chosen[@]}" --status
     return 0
   fi
-  # a failed run (its log says why) does not hold back the other classes or the table: counted, reported at the end
+  # a failed run (its log says why; the sweep exits 3) does not hold back the other classes or the table: counted,
+  # reported at the end. A sweep that could not start (bad options, finished runs made with other ones) stops here.
+  local rc=0
   run python -m benchmarks.sweep --name "$name" --out-dir "$out" --datasets "${datasets[@]}" --seeds 0 1 2 \
-    --steps "$steps" --jobs "$jobs" --spread-threads --common "$common" "${chosen[@]}" || failed_sweeps+=("$name")
+    --steps "$steps" --jobs "$jobs" --spread-threads --common "$common" "${chosen[@]}" || rc=$?
+  if [ "$rc" = 3 ]; then failed_sweeps+=("$name"); elif [ "$rc" != 0 ]; then exit "$rc"; fi
 }
 failed_sweeps=()
 

@@ -163,6 +163,11 @@ def set_aside_unstarted(run_dir: Path) -> Path | None:
     return aside
 
 
+RUNS_FAILED = 3
+"""The exit status of a sweep whose runs ran and some failed or diverged; a sweep that could not start (bad
+options, finished runs made with other options) exits 1 or 2. grid.sh goes on after a 3, not after the others."""
+
+
 def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None:
     """Start the run's process, which inherits the run's lock and holds it until it exits; None when another
     process holds that lock (a run an earlier sweep started and that outlived it)."""
@@ -576,8 +581,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         failed = run(jobs, common, args.jobs, args.spread_threads, args.threads, args.retry_diverged)
     if failed or left:
-        raise SystemExit(f"{len(failed) + len(left)} run(s) failed ({len(left)} left alone as diverged); see their "
-                         "logs next to the run folders")
+        print(f"{len(failed) + len(left)} run(s) failed ({len(left)} left alone as diverged); see their logs next to "
+              "the run folders", file=sys.stderr)
+        raise SystemExit(RUNS_FAILED)
 
 
 if __name__ == "__main__":
