@@ -215,9 +215,9 @@ class CQL(Stateful):
             # On the CPU the critics are compiled, not the loss: their elementwise work (bias, LayerNorm, ReLU
             # and their gradients over CQL's 30 x 256 sampled actions) fuses, where the compiled loss ran slower
             # than eager. One thread of a 2-core Xeon with AMX, WSRL's 10-critic pre-training in bf16: eager
-            # 111-117 ms a step, compiled critics 95-104 ms (3 interleaved rounds), the compiled loss 113 ms
-            # against eager's 104; the default 2 x 3x256 critics in fp32: ~146 -> ~138 ms. Compiling the actor
-            # too was slower in both. Module.compile keeps the state-dict keys.
+            # 114-129 ms a step, compiled critics 90-101 ms (interleaved rounds); the default 2 x 3x256 critics
+            # in fp32: ~146 -> ~138 ms. Compiling the actor too was slower in both. Module.compile keeps the
+            # state-dict keys.
             self.critic.compile()
             self.critic_target.compile()
         elif cfg.run.compile:

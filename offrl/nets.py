@@ -277,17 +277,19 @@ class EnsembleLayerNorm(_MemberParams, nn.Module):
 
         On the CPU each member is one `F.layer_norm` call with its own affine, which the kernel applies in the
         same pass (and whose backward gives the affine's gradients in the same pass): the separate multiply
-        and add, and the three passes of their backward, were memory-bound passes over the activations. Under
-        bf16 autocast the hidden activations stay bfloat16 (the kernel normalizes and applies the float32
-        affine in float32, then rounds once), where the multiply by a float32 weight made them float32 until the
-        next layer cast them back. Other devices, and ensembles of more than `CPU_MAX_MEMBER_CALLS` members, keep
-        one normalization for all members."""
+        and add, and the three passes of their backward, were memory-bound passes over the activations. It runs
+        in float32 (under bf16 autocast the matmul's bf16 output is widened first: the kernel's bf16-input path
+        sums the affine's gradients in bf16) and returns float32 as the formula did; the next layer casts. Other
+        devices, and ensembles of more than `CPU_MAX_MEMBER_CALLS` members, keep one normalization for all
+        members."""
         weight, bias = self.member_params(members) if params is None else params
         if x.device.type != "cpu" or len(weight) > self.CPU_MAX_MEMBER_CALLS:
             return F.layer_norm(x, x.shape[-1:], eps=self.eps) * weight + bias
+        if not torch.compiler.is_compiling():  # compiled, the kernel is Inductor's, which computes in float32
+            x = x.float()  # the eager kernel's bf16-input path sums the affine's gradients in bf16 (2-3% off)
         inputs = x.unbind(0) if x.dim() == 3 else [x] * len(weight)
         return torch.stack([F.layer_norm(member_x, member_x.shape[-1:], member_w[0], member_b[0], self.eps)
-                            for member_x, member_w, member_b in zip(inputs, weight, bias)])
+                            for member_x, member_w, member_b in zip(inputs, weight, bias, strict=True)])
 
 
 class EnsembleMLP(nn.Module):
