@@ -161,6 +161,10 @@ class Run:
             wandb_id = self._restored_state.get("wandb_id")
             self.wall_before = self._restored_state.get("wall_seconds")
             self.core_before = self._restored_state.get("core_seconds")
+            if self.core_before is None and self.wall_before is not None:  # a checkpoint from before core_seconds:
+                # its wall time at the threads its config ran with (the last process's; 0 = torch's default)
+                saved_threads = json.loads(self._restored_state.get("config", "{}")).get("run", {}).get("threads")
+                self.core_before = self.wall_before * (saved_threads or torch.get_num_threads())
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
@@ -342,9 +346,12 @@ class Run:
                 if self.last_checkpoint_step is not None else "no checkpoint was written before it")
         try:
             self.logger.log(step, row)
-            self.logger.close()
         except (OSError, OffrlError) as e:  # a full disk: the divergence is still what to report
             print(f"warning: the diverged step's metrics were not logged: {e}", file=sys.stderr)
+        try:
+            self.logger.close()
+        except (OSError, OffrlError) as e:
+            print(f"warning: the run's logs were not closed cleanly: {e}", file=sys.stderr)
         self._restore_signals()
         # a sweep reads this and does not start the run again on its own: a resume would replay the same
         # steps from the same RNG state into the same divergence

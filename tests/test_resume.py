@@ -258,6 +258,16 @@ def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):
     checkpoint = first.dir / "checkpoints" / "last.pt"
     saved = ckpt.load(checkpoint)
     assert saved["wall_seconds"] == pytest.approx(40.0)
+    del saved["core_seconds"]  # as written before offrl kept core-seconds: its wall time at its config's threads
+    torch.save(saved, checkpoint)
+    later = Run("td3_bc", config(resume=str(first.dir), steps=5))
+    for step in later.steps(state):
+        clock[0] += 10.0
+        later.checkpoint(step)
+    saved_threads = json.loads(saved["config"])["run"]["threads"]
+    assert later.finish()["core_seconds"] == pytest.approx(40.0 * saved_threads + 10.0 * 2 * threads)
+
+    saved = ckpt.load(checkpoint)
     del saved["wall_seconds"], saved["core_seconds"]  # as written before offrl kept the wall time
     torch.save(saved, checkpoint)  # and without the checksum wrapper, as such files were written
     again = Run("td3_bc", config(resume=str(first.dir), steps=6))

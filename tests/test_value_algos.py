@@ -155,6 +155,34 @@ def test_cql_bellman_term_is_plain_mse(tiny):
     torch.testing.assert_close(metrics["td_loss"], expected / cfg.num_critics)
 
 
+def test_cql_compiled_critics_take_the_eager_update(tiny):
+    """On the CPU, CQL's --run.compile compiles its critic modules (WSRL's pre-training ensemble here: drawn
+    critics, LayerNorm, max-target backup): the same updates as eager up to float rounding, the same state_dict
+    keys; the actor loss reads the critics frozen."""
+    from algos.cql import CQL, Config
+    from offrl.data import load_for_training
+
+    results = []
+    for compile in (False, True):
+        cfg = Config(dataset=tiny, hidden=(16, 16), num_critics=4, critic_subsample=2, layer_norm=True,
+                     actor_layer_norm=True, max_target_backup=True, batch_size=32, n_actions=3)
+        cfg.run.compile = compile
+        data = load_for_training(tiny, cfg.data)
+        torch.manual_seed(0)
+        agent = CQL(cfg, data, torch.device("cpu"))
+        buffer = data.buffer("cpu", seed=0)
+        metrics = [agent.update(buffer.sample(cfg.batch_size)) for _ in range(3)]
+        results.append((agent, metrics))
+    (eager, eager_metrics), (compiled, compiled_metrics) = results
+    assert compiled.critic._compiled_call_impl is not None and eager.critic._compiled_call_impl is None
+    assert compiled.critic.state_dict().keys() == eager.critic.state_dict().keys()
+    for net in ("critic", "critic_target", "actor"):
+        for got, want in zip(getattr(compiled, net).parameters(), getattr(eager, net).parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(compiled_metrics, eager_metrics):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_cql_defaults_follow_the_official_code():
     from algos.cql import Config
 
