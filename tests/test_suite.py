@@ -84,6 +84,24 @@ def test_all_levels_made_listed_and_consistent(policy_root):
     assert "offrl/pendulum/random-v0: already made" in again
 
 
+def test_make_warns_when_this_machine_does_not_regenerate_the_reference(policy_root, capsys):
+    """A suite dataset whose checksum here differs from the committed reference is made, with a warning naming
+    both (the data are usable; they are not the reference's bytes)."""
+    made = suite.make("offrl/pendulum/random-v0", overwrite=True)
+    assert "warning" not in capsys.readouterr().err  # no reference recorded: nothing to compare
+    reference = policy_root / "checksums.json"
+    reference.write_text(json.dumps({"offrl/pendulum/random-v0": made["checksum"]}))
+    try:
+        suite.make("offrl/pendulum/random-v0", overwrite=True)
+        assert "warning" not in capsys.readouterr().err  # regenerated exactly
+        reference.write_text(json.dumps({"offrl/pendulum/random-v0": "0123456789abcdef"}))
+        suite.make("offrl/pendulum/random-v0", overwrite=True)
+        err = capsys.readouterr().err
+        assert f"checksum {made['checksum']}, the committed reference 0123456789abcdef" in err
+    finally:
+        reference.unlink()
+
+
 def test_verify_regenerates_exactly_and_catches_a_mismatch(policy_root):
     suite.ensure("offrl/pendulum/medium-replay-v0")
     out = run_cli("offrl", "datasets", "verify", "offrl/pendulum/medium-replay-v0").stdout
