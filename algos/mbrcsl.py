@@ -76,7 +76,8 @@ class RCSLOptions:
     patience: int = 5
     """Stop after this many hold-out checks without a > 1% improvement."""
     rtg_scale: Optional[float] = None
-    """Returns-to-go are divided by this (default: the best kept return)."""
+    """Returns-to-go are divided by this (default: the largest absolute return of the kept rollouts; 1 if all
+    are 0)."""
 
 
 @dataclass
@@ -303,6 +304,14 @@ class FixedPolicy:
         pass
 
 
+def return_scale(returns: np.ndarray) -> float:
+    """RCSL's default return-to-go scale: the largest absolute return of the kept rollouts (1 if all are 0). The
+    magnitude, not the best return: with mostly negative rewards that can be <= 0, and a scale floored at a tiny
+    positive number blew the conditioning inputs up by ~1e6."""
+    largest = float(np.abs(returns).max())
+    return largest if largest > 0 else 1.0
+
+
 def rcsl_config(cfg: Config, rtg_scale: float) -> rcsl.Config:
     o = cfg.rcsl
     return rcsl.Config(steps=cfg.steps, batch_size=o.batch_size, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay,
@@ -355,7 +364,7 @@ def train(cfg: Config) -> dict:
 
     def build_rcsl() -> rcsl.RCSL:
         kept = to_dataset(collector.kept_rollouts(), data.metadata)
-        rtg_scale = cfg.rcsl.rtg_scale or max(float(kept.episode_returns().max()), 1e-6)
+        rtg_scale = cfg.rcsl.rtg_scale or return_scale(kept.episode_returns())
         mean, std = state_stats(kept.observations)
         agent = rcsl.RCSL(rcsl_config(cfg, rtg_scale), normalize_states(kept, mean, std), StateNormalizer(mean, std, device),
                           data.action_low, data.action_high, device, cfg.seed)

@@ -278,3 +278,14 @@ def test_stitching_data_never_drives_the_best_route_whole():
 def test_stitching_dataset_regenerates_to_the_committed_checksum(minari_root):
     out = run_cli("offrl", "datasets", "verify", "offrl/pointmaze/umaze-stitch-v0").stdout
     assert "offrl/pointmaze/umaze-stitch-v0: ok" in out
+
+
+def test_return_scale_is_the_largest_magnitude_of_the_kept_returns():
+    """RCSL's conditioning divides returns-to-go by the kept rollouts' largest |return|: the best return where
+    returns are positive, the most negative one's magnitude where all are negative, 1 where all are 0."""
+    from algos.mbrcsl import return_scale
+
+    assert return_scale(np.array([3.0, 12.5, 7.0])) == 12.5
+    assert return_scale(np.array([-40.0, -25.0])) == 40.0  # the best return, -25, is no scale
+    assert return_scale(np.array([-2.0, 5.0])) == 5.0
+    assert return_scale(np.zeros(3)) == 1.0
