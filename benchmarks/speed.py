@@ -179,6 +179,20 @@ def time_blocks(step: Callable[[], dict[str, torch.Tensor]], device: torch.devic
     return block_ms
 
 
+def configured(algo: str, run_args: str, compile: bool = False):
+    """`algo`'s Config parsed from `run_args` (its command-line options), with --run.compile where `compile`;
+    None without options (time_algorithm then takes the defaults)."""
+    if not run_args:
+        return None
+    if algo in WORLD_MODEL_STEPS:
+        raise SystemExit(f"--run-args: {algo} is a world-model step with no options")
+    import tyro
+
+    cfg = tyro.cli(importlib.import_module(f"algos.{algo}").Config, args=shlex.split(run_args))
+    cfg.run.compile = cfg.run.compile or compile
+    return cfg
+
+
 def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, per_block: int,
                    batch_size: int | None = None, compile: bool = False, precision: str = "fp32",
                    cfg=None, data: TrainingData | None = None) -> dict:
@@ -278,7 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
     e2e.add_argument("--run-args", default="",
                      help="options for the runs and the update timing alike, e.g. '--hidden 64 64'; --steps here is "
                           "the full run's budget over which evaluations and checkpoints are charged (default: the "
-                          "algorithm's), --eval.every and --run.checkpoint-every their frequencies")
+                          "algorithm's), --eval.every and --run.checkpoint-every their frequencies. Without "
+                          "--end-to-end, the algorithms' options for the update timing (e.g. WSRL's pre-training: "
+                          "--algos cql --run-args '--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm "
+                          "--actor-layer-norm --max-target-backup'); --compile and --batch-size apply on top")
     e2e.add_argument("--e2e-warmup", type=int, default=None, metavar="STEPS",
                      help="first steps of a run left out of its loop time (default: one period of its periodic work, "
                           "the lcm of --log.every, MOPO/MOBILE/RAVL's --rollout-every and RCSL's --holdout-every)")
@@ -311,7 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
             matmul.append(matmul_gflops(device, args.matmul_size, precision=args.precision))
             for algo in args.algos:
                 per_algo[algo].append(time_algorithm(algo, device, args.warmup, args.blocks, args.per_block,
-                                                     args.batch_size, args.compile, args.precision))
+                                                     args.batch_size, args.compile, args.precision,
+                                                     cfg=configured(algo, args.run_args, args.compile)))
         matmul.append(matmul_gflops(device, args.matmul_size, precision=args.precision))
         peak = statistics.median(matmul)
         results = []

@@ -437,6 +437,23 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in table.render(named, "t", None)
 
 
+def test_speed_benchmark_times_an_algorithm_with_the_options_given():
+    """--run-args without --end-to-end sets the timed algorithm's options (WSRL's pre-training ensemble here);
+    a world-model step takes none."""
+    import torch
+
+    from benchmarks import speed
+
+    cfg = speed.configured("cql", "--hidden 16 16 --num-critics 4 --critic-subsample 2 --layer-norm", compile=True)
+    assert (cfg.hidden, cfg.num_critics, cfg.critic_subsample, cfg.layer_norm, cfg.run.compile) == ((16, 16), 4, 2, True, True)
+    assert speed.configured("cql", "") is None
+    timed = speed.time_algorithm("cql", torch.device("cpu"), 1, 1, 1, batch_size=8,
+                                 cfg=speed.configured("cql", "--hidden 16 16 --num-critics 4 --critic-subsample 2"))
+    assert timed["median_ms"] > 0 and timed["batch_size"] == 8
+    with pytest.raises(SystemExit, match="no options"):
+        speed.configured("dynamics", "--hidden 16")
+
+
 def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path):
     import torch
 
