@@ -211,6 +211,11 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
             cfg.run.compile = compile
         if batch_size:
             cfg.batch_size = batch_size
+    if getattr(getattr(cfg, "run", None), "compile", False):
+        # a fresh compile for this agent: compiled code is cached per code object with guards on the module
+        # instance, so rounds and algorithms timed before in this process used up the recompile limit, after which
+        # the modules ran uncompiled (WSRL's pre-training critics: 97 ms a step alone, 125 ms as a 3-round median)
+        torch._dynamo.reset()
     if module is None:
         pass
     elif hasattr(module, "benchmark_step"):  # algorithms whose step is more than sample + update (DT, RCSL, model-based)
@@ -231,18 +236,18 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         step()
     sync(device)
     warmup_s = time.perf_counter() - start  # with --run.compile, mostly compiling
-    # Count FLOPs over an even number of updates: some algorithms update the actor every 2nd step.
+    block_ms = time_blocks(step, device, blocks, per_block)
+    median_ms = statistics.median(block_ms)
+    # FLOPs counted after the timing: a compiled module run under FlopCounterMode stayed slower afterwards (WSRL's
+    # compiled pre-training critics 99-102 -> 128-129 ms a step), so counting first understated --compile.
+    # Over an even number of updates: some algorithms update the actor every 2nd step.
     try:
         with FlopCounterMode(display=False) as counter:
             step()
             step()
         flops = counter.get_total_flops() / 2
     except RuntimeError:  # FlopCounterMode cannot follow torch.autograd.grad inside a step (RAVL's EDAC term)
-        step()
-        step()
         flops = float("nan")
-    block_ms = time_blocks(step, device, blocks, per_block)
-    median_ms = statistics.median(block_ms)
     eager_count_s = 0.0
     if flops == 0 and device.type == "cuda" and getattr(getattr(cfg, "run", None), "cuda_graph", False):
         # FlopCounterMode sees no kernels inside a CUDA graph's replay: count the same update run eagerly

@@ -111,8 +111,8 @@ class RunConfig:
     """Wrap the loss computation in torch.compile, in BC, TD3+BC, IQL, RIQL, CQL, DT and WSRL (the others
     warn and ignore it; compiling took 8-20 s on an H100's host, 26-34 s on a 2-core CPU). Pays on a GPU
     inside the CUDA graph and for LayerNorm-heavy critics (WSRL, CQL-10: WSRL compiles its critic modules, and
-    CQL does on the CPU, rather than the loss); on a CPU the small MLP updates (IQL, TD3+BC) were no faster
-    compiled (results/speed-vs-corl.md)."""
+    CQL does on the CPU, rather than the loss); on a CPU of the small MLP updates only IQL's gained (7.9 -> 6.9 ms
+    on a 2-core Xeon with AMX; results/speed.md)."""
     cuda_graph: bool = True
     """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
     IQL), and the critic and actor steps of the soft actor-critic that SAC, WSRL and MOPO share (offrl/sac.py),
