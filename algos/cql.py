@@ -215,7 +215,7 @@ class CQL(Stateful):
             # On the CPU the critics are compiled, not the loss: their elementwise work (bias, LayerNorm, ReLU
             # and their gradients over CQL's 30 x 256 sampled actions) fuses, where the compiled loss ran slower
             # than eager. One thread of a 2-core Xeon with AMX, WSRL's 10-critic pre-training in bf16: eager
-            # 114-129 ms a step, compiled critics 90-101 ms (interleaved rounds); the default 2 x 3x256 critics
+            # 127.7 ms a step, compiled critics 89.5 ms (results/speed-bf16.md); the default 2 x 3x256 critics
             # in fp32: ~146 -> ~138 ms. Compiling the actor too was slower in both. Module.compile keeps the
             # state-dict keys.
             self.critic.compile()
