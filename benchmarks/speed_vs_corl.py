@@ -41,7 +41,7 @@ What is timed. CORL: the time between consecutive per-step `wandb.log` calls of 
 `replay_buffer.sample(batch_size)`, `.to(device)`, `trainer.train(batch)`, `wandb.log(...)`; the run is
 stopped by an exception from the wrapped `wandb.log` after --warmup + --steps steps, long before CORL's first
 evaluation (eval_freq 5000). offrl: `benchmarks.speed.time_algorithm` on the same .npz: --warmup steps, two
-more for its FLOP count, then --steps steps in blocks of --block. Both sides use the same estimator, the
+--steps steps in blocks of --block (then two more for its FLOP count). Both sides use the same estimator, the
 median over blocks of --block consecutive steps of the mean time per step (an even block averages TD3+BC's
 actor-every-2nd-step pattern); CORL's plain per-step median (TD3+BC: the median of the means of 2-step
 pairs) is reported beside it. Ratio = offrl / CORL of the medians over rounds (< 1: offrl is faster); the per-round
