@@ -82,3 +82,16 @@ def saved_step(path):
         return ckpt.load(path)["step"]
     except Exception:
         return None
+
+
+def assert_compiled_critics_train_as_eager(compiled, eager, compiled_metrics, eager_metrics):
+    """An agent with compiled critics against the same agent eager after the same updates: the critics' state_dict
+    keys (what checkpoints hold), every network's parameters and every update's metrics, up to float rounding."""
+    import torch
+
+    assert compiled.critic.state_dict().keys() == eager.critic.state_dict().keys()
+    for net in ("critic", "critic_target", "actor"):
+        for got, want in zip(getattr(compiled, net).parameters(), getattr(eager, net).parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(compiled_metrics, eager_metrics):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
