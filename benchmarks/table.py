@@ -173,18 +173,25 @@ def aggregate_scores(groups: dict) -> dict[str, dict]:
 
 
 def hardware_of(groups: dict, runs: list[dict]) -> str:
-    machines: dict[str, list[str]] = defaultdict(list)  # machine description -> the rows that ran there
+    # machine description -> row label -> the datasets that label ran there
+    machines: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    datasets_of: dict[str, set[str]] = defaultdict(set)
     # CPU model names only when every run recorded one (runs from before offrl recorded it would otherwise
     # read as another machine)
     cpu_model = all(r["env"].get("cpu_model") for r in runs)
-    for (row, _), rs in sorted(groups.items()):
+    for (row, dataset), rs in sorted(groups.items()):
+        datasets_of[row].add(dataset)
         for description in dict.fromkeys(machine_of(r["env"], cpu_model) for r in rs):
-            if row not in machines[description]:
-                machines[description].append(row)
+            machines[description][row].append(dataset)
+
+    def rows_on(labels: dict[str, list[str]]) -> str:  # a label whose datasets ran on several machines names them
+        return ", ".join(label if set(sets) == datasets_of[label] else f"{label} on {' and '.join(sets)}"
+                         for label, sets in labels.items())
+
     if len(machines) == 1:
         hardware = next(iter(machines))
     else:
-        hardware = "by row: " + "; ".join(f"{', '.join(rows)}: {description}" for description, rows in machines.items())
+        hardware = "by row: " + "; ".join(f"{rows_on(labels)}: {description}" for description, labels in machines.items())
     threads = sorted({r["threads"] for r in runs}, key=str)
     if threads == [1]:
         hardware += ", one thread per run"

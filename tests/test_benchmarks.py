@@ -435,6 +435,13 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
     assert "Hardware: AMD EPYC 9R14 (x86_64, native bfloat16), 16 cores, device cpu;" in table.render(named, "t", None)
     named[("bc", "d")][1]["env"] = cpu
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in table.render(named, "t", None)
+    # a variant whose datasets ran on different machines: the caption names the datasets of each
+    xeon = {**cpu, "cpu_model": "Xeon", "cpu_native_bf16": True}
+    split = {("bc", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]],
+             ("bc", "e"): [{**r, "env": xeon} for r in groups[("bc", "d")]],
+             ("cql", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]]}
+    caption = table.render(split, "t", None)
+    assert "by row: bc on d, cql: AMD EPYC 9R14" in caption and "; bc on e: Xeon" in caption
 
 
 def test_speed_benchmark_times_an_algorithm_with_the_options_given():
