@@ -145,6 +145,10 @@ def thread_shares(cores: int, runs: int) -> list[int]:
     return [cores // runs + (i < cores % runs) for i in range(runs)]
 
 
+UNSTARTED = ".unstarted-"
+"""What a folder set aside by `set_aside_unstarted` has in its name: `<run>.unstarted-<k>`."""
+
+
 def set_aside_unstarted(run_dir: Path) -> Path | None:
     """Move aside a run folder with neither a checkpoint nor a final.json: a run stopped before its first
     checkpoint, with nothing to resume. Left in place, `--resume auto` would start the run again in
@@ -156,9 +160,9 @@ def set_aside_unstarted(run_dir: Path) -> Path | None:
             or (checkpoints / "previous.pt").exists()):
         return None
     k = 1
-    while run_dir.with_name(f"{run_dir.name}.unstarted-{k}").exists():
+    while run_dir.with_name(f"{run_dir.name}{UNSTARTED}{k}").exists():
         k += 1
-    aside = run_dir.with_name(f"{run_dir.name}.unstarted-{k}")
+    aside = run_dir.with_name(f"{run_dir.name}{UNSTARTED}{k}")
     run_dir.rename(aside)
     return aside
 
@@ -273,9 +277,11 @@ def finished_core_seconds(run_dir: Path) -> float | None:
         return final["core_seconds"]
     if not final.get("wall_seconds"):
         return None
+    from offrl.run import core_seconds_from_wall
+
     config = run_dir / "config.json"
     threads = json.loads(config.read_text()).get("run", {}).get("threads", 1) if config.exists() else 1
-    return final["wall_seconds"] * (threads or os.cpu_count() or 1)
+    return core_seconds_from_wall(final["wall_seconds"], threads)
 
 
 def status(jobs: list[Job]) -> list[dict]:

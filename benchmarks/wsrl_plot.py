@@ -54,10 +54,12 @@ def find_runs(path: Path) -> list[Path]:
     """`path` if it is a wsrl run folder, else the wsrl run folders under it (other algorithms' are skipped, and
     the folders a sweep set aside as `<run>.unstarted-<k>`: a run stopped before its first checkpoint, started
     again in its own folder)."""
+    from benchmarks.sweep import UNSTARTED
+
     if is_wsrl_run(path):
         return [path]
     return sorted(p.parent for p in path.rglob("metrics.jsonl")
-                  if is_wsrl_run(p.parent) and ".unstarted-" not in p.parent.name)
+                  if is_wsrl_run(p.parent) and UNSTARTED not in p.parent.name)
 
 
 def eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -240,6 +242,7 @@ def markdown(data: dict[str, dict[str, dict]], dip_window: int, title: str | Non
 def collect(sources: list[str]) -> dict[str, dict[str, list[Path]]]:
     """{dataset: {label: [run folders]}} from `[LABEL=]PATH` arguments."""
     groups: dict[str, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
+    seen: dict[tuple[str, str, int], Path] = {}  # a seed in two folders would count twice in n, means and checks
     for source in sources:
         label, _, path = source.partition("=") if "=" in source else ("", "", source)
         runs = find_runs(Path(path))
@@ -247,16 +250,13 @@ def collect(sources: list[str]) -> dict[str, dict[str, list[Path]]]:
             raise SystemExit(f"error: {path}: no wsrl run folders (config.json + metrics.jsonl) found")
         for run_dir in runs:
             config = json.loads((run_dir / "config.json").read_text())
-            groups[config.get("dataset", "?")][label or variant(config)].append(run_dir)
-    for dataset, labels in groups.items():  # a seed in two folders would count twice in n, means and checks
-        for label, runs in labels.items():
-            folders: dict[int, Path] = {}
-            for run_dir in runs:
-                seed = int(json.loads((run_dir / "config.json").read_text()).get("seed", 0))
-                if seed in folders:
-                    raise SystemExit(f"error: seed {seed} of {label} on {dataset} has two run folders, "
-                                     f"{folders[seed]} and {run_dir}: keep one")
-                folders[seed] = run_dir
+            dataset, row = config.get("dataset", "?"), label or variant(config)
+            key = (dataset, row, int(config.get("seed", 0)))
+            if key in seen:
+                raise SystemExit(f"error: seed {key[2]} of {row} on {dataset} has two run folders, {seen[key]} and "
+                                 f"{run_dir}: keep one")
+            seen[key] = run_dir
+            groups[dataset][row].append(run_dir)
     return groups
 
 

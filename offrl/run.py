@@ -73,6 +73,12 @@ def config_changes(saved: dict, current: dict, defaults: dict) -> list[tuple[str
             if not resumable(key) and saved[key] != current.get(key)]
 
 
+def core_seconds_from_wall(wall_seconds: float, threads: int | None) -> float:
+    """A run's core-seconds where only its wall time is known (recorded before offrl kept core-seconds): at the
+    threads its config asked for, 0 or None (torch's default) read as every core."""
+    return wall_seconds * (threads or os.cpu_count() or 1)
+
+
 def default_config(config_cls: type) -> dict[str, Any]:
     """A Config class at its defaults, flattened as config.json stores it ({} where it has required fields)."""
     try:
@@ -161,10 +167,9 @@ class Run:
             wandb_id = self._restored_state.get("wandb_id")
             self.wall_before = self._restored_state.get("wall_seconds")
             self.core_before = self._restored_state.get("core_seconds")
-            if self.core_before is None and self.wall_before is not None:  # a checkpoint from before core_seconds:
-                # its wall time at the threads its config ran with (the last process's; 0 = torch's default)
+            if self.core_before is None and self.wall_before is not None:  # a checkpoint from before core_seconds
                 saved_threads = json.loads(self._restored_state.get("config", "{}")).get("run", {}).get("threads")
-                self.core_before = self.wall_before * (saved_threads or torch.get_num_threads())
+                self.core_before = core_seconds_from_wall(self.wall_before, saved_threads)
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
             truncate_metrics(self.dir / "metrics.jsonl", self.start_step)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
