@@ -47,7 +47,7 @@ import torch
 from algos import rcsl
 from offrl import generative
 from offrl.config import DataConfig, EvalConfig
-from offrl.data import Dataset, TrainingData, load_for_training
+from offrl.data import Dataset, TrainingData, load_dataset, load_for_training
 from offrl.data.preprocess import StateNormalizer, normalize_states, state_stats
 from offrl.errors import OffrlError
 from offrl.run import Run, cli_main
@@ -319,6 +319,17 @@ def rcsl_config(cfg: Config, rtg_scale: float) -> rcsl.Config:
                        holdout_every=o.holdout_every, patience=o.patience, run=cfg.run)
 
 
+def best_episode_return(cfg: Config, data: TrainingData) -> float:
+    """The default threshold: the data's best return over whole recorded episodes. A D4RL .hdf5 file read in
+    Q-learning form (as MBRCSL trains its model on it) lacks each timed-out episode's last row and its
+    reward, so there the file is read again as recorded; rollouts run the whole horizon and collect that
+    reward too."""
+    dataset = data.dataset
+    if dataset.metadata.get("source", "").startswith("d4rl-hdf5:") and dataset.metadata.get("rows") != "trajectories":
+        dataset = load_dataset(cfg.dataset, env_id=cfg.data.env_id, d4rl_trajectories=True)
+    return float(dataset.episode_returns().max())
+
+
 def rollout_horizon(cfg: Config, data: TrainingData) -> int:
     if cfg.horizon:
         return cfg.horizon
@@ -357,7 +368,7 @@ def train(cfg: Config) -> dict:
                                       data.action_high).to(device)
         behaviour = generative.BehaviourTrainer(policy, cfg.behaviour, observations, actions, seed=cfg.seed)
 
-    threshold = cfg.threshold if cfg.threshold is not None else float(dataset.episode_returns().max())
+    threshold = cfg.threshold if cfg.threshold is not None else best_episode_return(cfg, data)
     horizon = rollout_horizon(cfg, data)
     starts = observations[torch.as_tensor(dataset.episode_starts, device=device)]
     collector = RolloutCollector(model, termination, starts, horizon, threshold, cfg, seed=cfg.seed + 1)

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from algos.mbrcsl import Config, RolloutCollector, Rollouts, above_threshold, rollout_full, to_dataset
+from algos.mbrcsl import (Config, RolloutCollector, Rollouts, above_threshold, best_episode_return, rollout_full,
+                          to_dataset)
 from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 from offrl import checkpoint as ckpt, generative
+from offrl.data import load_dataset
 from offrl.data.sequences import returns_to_go
 from offrl.errors import CheckpointError
 from world_models.termination import never
@@ -50,6 +52,32 @@ def test_threshold_keeps_exactly_the_rollouts_above_it():
     assert torch.all(kept.returns > 12.0) and set(kept.returns.tolist()) <= {15.0, 20.0}
     summary = collector.summary()
     assert summary["rollouts/made"] == 192 and summary["rollouts/kept"] == len(kept)
+
+
+def test_default_threshold_counts_whole_recorded_episodes_of_a_d4rl_file(tmp_path):
+    """Q-learning rows drop a timed-out episode's last row and the file's last row; the threshold does not."""
+    import types
+
+    import h5py
+
+    terminals, timeouts = np.zeros(10, bool), np.zeros(10, bool)
+    terminals[3], timeouts[6] = True, True
+    path = str(tmp_path / "hopper-test-v2.hdf5")
+    with h5py.File(path, "w") as f:
+        f["observations"] = np.arange(10, dtype=np.float32)[:, None].repeat(2, 1)
+        f["actions"] = np.full((10, 1), 0.5, np.float32)
+        f["rewards"] = np.arange(10, dtype=np.float32)
+        f["terminals"], f["timeouts"] = terminals, timeouts
+    qlearning = load_dataset(path)
+    # episodes as Q-learning rows: 0-3 (6), 4-5 (9, row 6 dropped), 7-8 (15, the file's last row dropped)
+    assert qlearning.episode_returns().tolist() == [6.0, 9.0, 15.0]
+    data = types.SimpleNamespace(dataset=qlearning)
+    # as recorded: 0-3 (6), 4-6 (15), 7-9 (24)
+    assert best_episode_return(Config(dataset=path), data) == 24.0
+    recorded = types.SimpleNamespace(dataset=load_dataset(path, d4rl_trajectories=True))
+    assert best_episode_return(Config(dataset=path), recorded) == 24.0
+    npz = types.SimpleNamespace(dataset=qlearning.replace(metadata={**qlearning.metadata, "source": "npz:x.npz"}))
+    assert best_episode_return(Config(dataset=path), npz) == 15.0  # other sources are whole episodes already
 
 
 def test_collector_stops_once_enough_are_kept_and_restores_exactly():
