@@ -39,12 +39,12 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
-from offrl.nets import autocast, warn_if_emulated_bf16
+from offrl.nets import autocast, flush_subnormals, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
-                     "run.threads", "run.compile", "run.cuda_graph")
+                     "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal")
 # The algorithms whose update reads --run.compile; the others take the option and would ignore it.
 COMPILING_ALGORITHMS = ("bc", "td3_bc", "iql", "riql", "cql", "dt", "wsrl")
 
@@ -92,6 +92,14 @@ def resumable(path: str) -> bool:
     return any(path == allowed or path.startswith(allowed + ".") for allowed in RESUMABLE_CHANGES)
 
 
+def set_cpu_options(run_cfg: Any) -> None:
+    """This process's CPU math as a run's `--run.*` options ask: its thread count (0: torch's default) and
+    whether subnormal floats are flushed to zero (`--run.flush-denormal`)."""
+    if run_cfg.threads:
+        torch.set_num_threads(run_cfg.threads)
+    flush_subnormals(bool(getattr(run_cfg, "flush_denormal", True)))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -108,8 +116,7 @@ class Run:
         self.algo, self.cfg = algo, cfg
         self.total_steps = cfg.steps if total_steps is None else int(total_steps)
         self.device = resolve_device(cfg.device)
-        if cfg.run.threads:  # 0: torch's default
-            torch.set_num_threads(cfg.run.threads)
+        set_cpu_options(cfg.run)
         warn_if_emulated_bf16(cfg.run.precision, self.device, "--run.precision")
         if cfg.run.compile and algo not in COMPILING_ALGORITHMS:
             print(f"warning: --run.compile has no effect on {algo} (only {', '.join(COMPILING_ALGORITHMS)} "

@@ -12,6 +12,7 @@ import torch
 
 from offrl import checkpoint as ckpt
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
+from offrl.nets import flush_subnormals
 
 from conftest import PYTHON, ROOT, run_cli, saved_step
 
@@ -111,9 +112,11 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     assert result.returncode == 1 and "alpha: 2.5 -> 1.0" in result.stderr and "Traceback" not in result.stderr
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *args, "--run.precision", "bf16", "--resume", "latest", check=False)
     assert result.returncode == 1 and "run.precision: 'fp32' -> 'bf16'" in result.stderr
-    # more steps is a legal change: the run continues where it stopped
-    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "80", "--resume", "latest")
+    # more steps is a legal change, and so is flushing subnormals or not: the run continues where it stopped
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "80", "--run.no-flush-denormal",
+                     "--resume", "latest")
     assert "at step 50" in result.stderr
+    assert json.loads((only_run(tmp_path) / "config.json").read_text())["run"]["flush_denormal"] is False
     assert json.loads((only_run(tmp_path) / "final.json").read_text())["steps"] == 80
     # fewer steps than it has trained would train nothing and write a final.json claiming 60 steps: refused,
     # and the run's files stay as they were
@@ -123,6 +126,39 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     assert result.returncode == 1 and "has trained 80 steps, more than this run's 60" in result.stderr
     assert "Traceback" not in result.stderr
     assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+def test_runs_flush_subnormal_floats_unless_told_not_to():
+    """--run.flush-denormal (default on): a run's CPU math treats floats below float32's normal range as zero,
+    where x86 cores would otherwise compute through slow microcode; off, they stay."""
+    from offrl.config import RunConfig
+    from offrl.run import set_cpu_options
+
+    tiny_value = 1e-39  # a float32 subnormal
+    try:
+        set_cpu_options(RunConfig(threads=0))
+        assert torch.tensor([tiny_value]).item() == 0.0
+        assert (torch.full((4,), 1e-20) * 1e-20).eq(0).all()  # products landing below the range too
+        set_cpu_options(RunConfig(threads=0, flush_denormal=False))
+        assert torch.tensor([tiny_value]).item() == pytest.approx(tiny_value, rel=1e-3)
+    finally:
+        flush_subnormals(False)  # torch's own default, for the tests after this one
+
+
+def test_dataset_recipes_keep_subnormals_in_a_process_that_flushes_them(monkeypatch):
+    """A training process flushes subnormals; a dataset it makes (a missing suite dataset) must still come out
+    with the bytes `offrl datasets make` gives, so recipes run with them kept, and the flushing comes back after."""
+    from offrl.data import suite
+
+    seen = []
+    monkeypatch.setattr(suite, "make_tiny", lambda **kwargs: seen.append(torch.tensor([1e-39]).item()))
+    try:
+        flush_subnormals(True)
+        suite._recipe("offrl/tiny-v0")
+        assert seen[0] == pytest.approx(1e-39, rel=1e-3)  # kept inside the recipe
+        assert torch.tensor([1e-39]).item() == 0.0  # flushed again after it
+    finally:
+        flush_subnormals(False)
 
 
 def test_resume_holds_an_option_newer_than_the_run_to_its_default(tiny, tmp_path):
