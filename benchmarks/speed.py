@@ -69,7 +69,7 @@ from benchmarks.sections import write_section
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
-from offrl.nets import PRECISIONS, autocast, flush_subnormals, precision_dtype
+from offrl.nets import PRECISIONS, autocast, precision_dtype, subnormals
 
 DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "dynamics", "rollout")
 
@@ -211,8 +211,6 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
             cfg.run.compile = compile
         if batch_size:
             cfg.batch_size = batch_size
-    # as a run sets it (offrl.run.set_cpu_options): subnormals flushed unless the config says otherwise
-    flush_subnormals(bool(getattr(getattr(cfg, "run", None), "flush_denormal", True)))
     if getattr(getattr(cfg, "run", None), "compile", False):
         # a fresh compile for this agent: compiled code is cached per code object with guards on the module
         # instance, so rounds and algorithms timed before in this process used up the recompile limit, after which
@@ -229,8 +227,10 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
         def update():
             return agent.update(buffer.sample(cfg.batch_size))
 
+    flush = bool(getattr(getattr(cfg, "run", None), "flush_denormal", True))
+
     def step():  # as the algorithms' train loops run it: inside Run.precision()
-        with autocast(device, precision):
+        with autocast(device, precision), subnormals(flush):
             return update()
 
     start = time.perf_counter()

@@ -43,7 +43,9 @@ stopped by an exception from the wrapped `wandb.log` after --warmup + --steps st
 evaluation (eval_freq 5000). offrl: `benchmarks.speed.time_algorithm` on the same .npz: --warmup steps, two
 --steps steps in blocks of --block (then two more for its FLOP count). Both sides use the same estimator, the
 median over blocks of --block consecutive steps of the mean time per step (an even block averages TD3+BC's
-actor-every-2nd-step pattern); CORL's plain per-step median (TD3+BC: the median of the means of 2-step
+actor-every-2nd-step pattern); offrl's steps flush subnormal floats as its runs do (`--run.flush-denormal`),
+CORL's do not (a difference that showed only after hundreds of steps, in RCSL's larger MLP); CORL's plain
+per-step median (TD3+BC: the median of the means of 2-step
 pairs) is reported beside it. Ratio = offrl / CORL of the medians over rounds (< 1: offrl is faster); the per-round
 ratios are listed too. Each side's update FLOPs are counted too (torch's FlopCounterMode, untimed: CORL's 2nd
 and 3rd `trainer.train` calls, offrl's two extra steps): their ratio is the time ratio at equal GFLOP/s, the

@@ -119,14 +119,15 @@ class RunConfig:
     as CUDA graphs after 3 eager warm-up steps (offrl/graphs.py): one launch per step instead of hundreds, the
     same arithmetic (results/speed-gpu.md). No effect on the CPU."""
     flush_denormal: bool = True
-    """On the CPU, flush subnormal floats (|x| < 1.2e-38 in float32) to zero (`torch.set_flush_denormal`; the
-    x86 FTZ/DAZ modes). Adam's moments of weights whose gradient stays zero (dead ReLU units) decay
-    geometrically into the subnormal range after a few hundred steps, and x86 cores compute on subnormals
-    through slow microcode: on a 2-core Xeon with AMX, RCSL's training loop (1024x1024 MLP) took 17.9 ms a
-    step without it and 12.6 ms with it, against 12-13 ms for its update timed over its first steps
-    (results/speed.md, parts "end-to-end-xeon-amx*"); the small networks' updates (TD3+BC, IQL) did not change
-    over their first 5000 steps. It changes only values below float32's normal range (float rounding, as the
-    thread count does), so a resume may change it; runs made before the option existed trained without it."""
+    """Inside each gradient step on the CPU, flush subnormal floats (|x| < 1.2e-38 in float32) to zero
+    (`torch.set_flush_denormal`: x86's FTZ/DAZ modes, in the training thread; evaluation, data and world-model
+    training outside the step compute as IEEE 754 says). Adam's moments of weights whose gradient stays zero
+    (dead ReLU units) decay geometrically into the subnormal range after a few hundred steps, and x86 cores
+    compute on subnormals through slow microcode: on a 2-core Xeon with AMX, RCSL's training loop (1024x1024
+    MLP) took 18.1 ms a step without it and 13.2 ms with it, against 12-13 ms for its update timed over its
+    first steps (results/speed.md, parts "end-to-end-xeon-amx*"; results/README.md says how TD3+BC's and IQL's
+    updates behaved). It changes only values below the normal range inside the step (float rounding, as the thread
+    count does), so a resume may change it; runs made before the option existed trained without it."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Gradient steps in float32, or under bfloat16 autocast: hidden-layer matmuls in bf16, output layers,
     weights and optimizer state in float32 (CQL and DT updates 2.3-2.8x faster on this project's AVX512-BF16

@@ -141,27 +141,26 @@ def warn_if_emulated_bf16(precision: str, device: torch.device, option: str) -> 
               "bf16 matmuls are emulated and far slower than fp32 here", file=sys.stderr)
 
 
-_flushing_subnormals = False  # torch offers no getter; `subnormals_kept` restores what this module last set
-
-
-def flush_subnormals(on: bool) -> None:
-    """Treat subnormal floats (below float32's 1.2e-38, float64's 2.2e-308) as zero in this thread's CPU math,
-    or not (`torch.set_flush_denormal`: x86's FTZ/DAZ modes). Runs do by default (`--run.flush-denormal`)."""
-    global _flushing_subnormals
-    torch.set_flush_denormal(on)
-    _flushing_subnormals = on
+_flushing_subnormals = False  # torch offers no getter: the mode `subnormals` last set in this thread
 
 
 @contextmanager
-def subnormals_kept():
-    """Inside, subnormal floats are computed as IEEE 754 says, whatever the process set before (dataset
-    generation gives the same bytes in a training process as in `offrl datasets make`)."""
+def subnormals(flush: bool):
+    """Inside, this thread's CPU math treats subnormal floats (below float32's 1.2e-38, float64's 2.2e-308)
+    as zero (`torch.set_flush_denormal`: x86's FTZ/DAZ modes), or computes them as IEEE 754 says; the mode
+    before is restored after. Worker threads keep the mode they were started in (torch's intra-op pool starts
+    with the first parallel operation), so with more than one thread the flushing is partial."""
+    global _flushing_subnormals
     was = _flushing_subnormals
-    flush_subnormals(False)
+    if flush != was:
+        torch.set_flush_denormal(flush)
+        _flushing_subnormals = flush
     try:
         yield
     finally:
-        flush_subnormals(was)
+        if flush != was:
+            torch.set_flush_denormal(was)
+            _flushing_subnormals = was
 
 
 def autocast(device: torch.device, precision: str):

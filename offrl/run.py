@@ -21,6 +21,7 @@ uninterrupted one (CPU).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import os
 import random
 import signal
@@ -39,7 +40,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
-from offrl.nets import autocast, flush_subnormals, warn_if_emulated_bf16
+from offrl.nets import autocast, subnormals, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
@@ -63,7 +64,8 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 def config_changes(saved: dict, current: dict, defaults: dict) -> list[tuple[str, Any, Any]]:
     """(option, saved value, current value) for each option of a run's saved config (config.json's nesting) that
     `current` changes and a resume may not change. An option that did not exist when the run started trained
-    it at the option's default (`defaults`, flattened; new options keep the old behaviour by default), so the
+    it at the option's default (`defaults`, flattened; new options keep the old behaviour by default, but for
+    resumable ones such as run.flush_denormal), so the
     current config must ask for that default too (e.g. run.precision fp32, model.precision fp32: another value
     would train on, or load a dynamics model, unlike the run's start)."""
     saved, current = flatten(saved), flatten(current)
@@ -92,14 +94,6 @@ def resumable(path: str) -> bool:
     return any(path == allowed or path.startswith(allowed + ".") for allowed in RESUMABLE_CHANGES)
 
 
-def set_cpu_options(run_cfg: Any) -> None:
-    """This process's CPU math as a run's `--run.*` options ask: its thread count (0: torch's default) and
-    whether subnormal floats are flushed to zero (`--run.flush-denormal`)."""
-    if run_cfg.threads:
-        torch.set_num_threads(run_cfg.threads)
-    flush_subnormals(bool(getattr(run_cfg, "flush_denormal", True)))
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -116,7 +110,8 @@ class Run:
         self.algo, self.cfg = algo, cfg
         self.total_steps = cfg.steps if total_steps is None else int(total_steps)
         self.device = resolve_device(cfg.device)
-        set_cpu_options(cfg.run)
+        if cfg.run.threads:  # 0: torch's default
+            torch.set_num_threads(cfg.run.threads)
         warn_if_emulated_bf16(cfg.run.precision, self.device, "--run.precision")
         if cfg.run.compile and algo not in COMPILING_ALGORITHMS:
             print(f"warning: --run.compile has no effect on {algo} (only {', '.join(COMPILING_ALGORITHMS)} "
@@ -286,9 +281,13 @@ class Run:
             corruption.save(data.corruption, self.dir / "corruption.npz")
 
     # ------------------------------------------------------------------------------------ loop
+    @contextmanager
     def precision(self):
-        """Context for one gradient step: bfloat16 autocast under `--run.precision bf16`, else nothing."""
-        return autocast(self.device, self.cfg.run.precision)
+        """Context for one gradient step: bfloat16 autocast under `--run.precision bf16`, and subnormal floats
+        flushed to zero under `--run.flush-denormal` (the default). Only the step flushes: evaluation, data,
+        checkpoints and world-model training compute as IEEE 754 says."""
+        with autocast(self.device, self.cfg.run.precision), subnormals(self.cfg.run.flush_denormal):
+            yield
 
     def steps(self, state: dict[str, Any]) -> Iterator[int]:
         """Restore `state` when resuming, then yield step numbers start+1 .. cfg.steps."""

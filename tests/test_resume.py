@@ -12,7 +12,6 @@ import torch
 
 from offrl import checkpoint as ckpt
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
-from offrl.nets import flush_subnormals
 
 from conftest import PYTHON, ROOT, run_cli, saved_step
 
@@ -128,37 +127,26 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
-def test_runs_flush_subnormal_floats_unless_told_not_to():
-    """--run.flush-denormal (default on): a run's CPU math treats floats below float32's normal range as zero,
-    where x86 cores would otherwise compute through slow microcode; off, they stay."""
-    from offrl.config import RunConfig
-    from offrl.run import set_cpu_options
+def test_gradient_steps_flush_subnormal_floats_unless_told_not_to(tmp_path):
+    """--run.flush-denormal (default on): inside a run's gradient step (`Run.precision`) the CPU treats floats
+    below float32's normal range as zero, where x86 cores would otherwise compute through slow microcode;
+    outside it (evaluation, data) and with the option off they are kept."""
+    from algos.bc import Config
+    from offrl.run import Run
 
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush subnormal floats")
     tiny_value = 1e-39  # a float32 subnormal
-    try:
-        set_cpu_options(RunConfig(threads=0))
-        assert torch.tensor([tiny_value]).item() == 0.0
-        assert (torch.full((4,), 1e-20) * 1e-20).eq(0).all()  # products landing below the range too
-        set_cpu_options(RunConfig(threads=0, flush_denormal=False))
-        assert torch.tensor([tiny_value]).item() == pytest.approx(tiny_value, rel=1e-3)
-    finally:
-        flush_subnormals(False)  # torch's own default, for the tests after this one
-
-
-def test_dataset_recipes_keep_subnormals_in_a_process_that_flushes_them(monkeypatch):
-    """A training process flushes subnormals; a dataset it makes (a missing suite dataset) must still come out
-    with the bytes `offrl datasets make` gives, so recipes run with them kept, and the flushing comes back after."""
-    from offrl.data import suite
-
-    seen = []
-    monkeypatch.setattr(suite, "make_tiny", lambda **kwargs: seen.append(torch.tensor([1e-39]).item()))
-    try:
-        flush_subnormals(True)
-        suite._recipe("offrl/tiny-v0")
-        assert seen[0] == pytest.approx(1e-39, rel=1e-3)  # kept inside the recipe
-        assert torch.tensor([1e-39]).item() == 0.0  # flushed again after it
-    finally:
-        flush_subnormals(False)
+    for flush in (True, False):
+        cfg = Config(steps=1)
+        cfg.run.out_dir, cfg.run.threads, cfg.run.flush_denormal = str(tmp_path / str(flush)), 0, flush
+        run = Run("bc", cfg)
+        with run.precision():
+            inside = torch.tensor([tiny_value]).item(), bool((torch.full((4,), 1e-20) * 1e-20).eq(0).all())
+        assert inside == ((0.0, True) if flush else (pytest.approx(tiny_value, rel=1e-3), False))
+        assert torch.tensor([tiny_value]).item() == pytest.approx(tiny_value, rel=1e-3)  # kept after the step
+        run.logger.close()
+        run._restore_signals()
 
 
 def test_resume_holds_an_option_newer_than_the_run_to_its_default(tiny, tmp_path):

@@ -25,7 +25,6 @@ from typing import Callable
 import numpy as np
 
 from offrl.errors import DatasetError
-from offrl.nets import subnormals_kept
 
 
 @dataclass
@@ -387,8 +386,6 @@ def known_ids() -> list[str]:
     return ["offrl/tiny-v0", STITCH_ID, *suite_ids()]
 
 
-# Recipes keep subnormal floats: the same bytes in a training process (which flushes them) as anywhere.
-@subnormals_kept()
 def _recipe(dataset_id: str, info: dict | None = None, builder: "SuiteBuilder | None" = None) -> MadeDataset:
     """The MadeDataset of an offrl id (`info`: the stored recipe arguments, when regenerating)."""
     info = info or {}
@@ -422,7 +419,6 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
             "episodes": len(made.episodes), "transitions": int(sum(len(e) for e in made.episodes))}
 
 
-@subnormals_kept()
 def regenerate_checksum(dataset_id: str) -> str:
     """Regenerate a dataset in a scratch folder and return the checksum it gets."""
     if dataset_id in suite_ids():
@@ -493,7 +489,6 @@ def ensure(dataset_id: str) -> None:
 
 
 # ---------------------------------------------------------------------- bring your own policy
-@subnormals_kept()
 def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, deterministic: bool = False,
                 ref_min_score: float | None = None, ref_max_score: float | None = None) -> MadeDataset:
     """A dataset from any policy file `offrl.policies.load_policy` reads. Reference scores: the
@@ -529,7 +524,6 @@ def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, determ
     )
 
 
-@subnormals_kept()
 def make_custom_from_info(info: dict) -> MadeDataset:
     if not Path(info["policy"]).exists():
         raise DatasetError(info["policy"], "the policy file this dataset was made from is gone; cannot regenerate")
