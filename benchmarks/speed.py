@@ -69,7 +69,7 @@ from benchmarks.sections import write_section
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
-from offrl.nets import PRECISIONS, autocast, precision_dtype, subnormals
+from offrl.nets import PRECISIONS, gradient_step, precision_dtype
 
 DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "mopo", "mobile", "ravl", "dynamics", "rollout")
 
@@ -230,7 +230,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     flush = bool(getattr(getattr(cfg, "run", None), "flush_denormal", True))
 
     def step():  # as the algorithms' train loops run it: inside Run.precision()
-        with autocast(device, precision), subnormals(flush):
+        with gradient_step(device, precision, flush):
             return update()
 
     start = time.perf_counter()

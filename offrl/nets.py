@@ -172,6 +172,14 @@ def autocast(device: torch.device, precision: str):
                           cache_enabled=device.type != "cuda")
 
 
+@contextmanager
+def gradient_step(device: torch.device, precision: str, flush_denormal: bool = True):
+    """Context for one gradient step as runs take it (`Run.precision`, and benchmarks.speed's timings):
+    `autocast` for `precision`, and subnormal floats flushed to zero unless `flush_denormal` is False."""
+    with autocast(device, precision), subnormals(flush_denormal):
+        yield
+
+
 class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper mask on the CPU.
 

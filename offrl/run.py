@@ -21,7 +21,6 @@ uninterrupted one (CPU).
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 import os
 import random
 import signal
@@ -40,7 +39,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics
-from offrl.nets import autocast, subnormals, warn_if_emulated_bf16
+from offrl.nets import gradient_step, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change what is trained. run.precision is not among them: it changes the numbers.
@@ -281,13 +280,11 @@ class Run:
             corruption.save(data.corruption, self.dir / "corruption.npz")
 
     # ------------------------------------------------------------------------------------ loop
-    @contextmanager
     def precision(self):
         """Context for one gradient step: bfloat16 autocast under `--run.precision bf16`, and subnormal floats
         flushed to zero under `--run.flush-denormal` (the default). Only the step flushes: evaluation, data,
         checkpoints and world-model training compute as IEEE 754 says."""
-        with autocast(self.device, self.cfg.run.precision), subnormals(self.cfg.run.flush_denormal):
-            yield
+        return gradient_step(self.device, self.cfg.run.precision, self.cfg.run.flush_denormal)
 
     def steps(self, state: dict[str, Any]) -> Iterator[int]:
         """Restore `state` when resuming, then yield step numbers start+1 .. cfg.steps."""
