@@ -165,11 +165,17 @@ def subnormals(flush: bool):
 
 def autocast(device: torch.device, precision: str):
     """The context `--run.precision` asks for: bfloat16 autocast (matmuls in bf16 with float32
-    accumulation, float32 weights and optimizer state) or nothing ('fp32'). On CUDA the cast-weight cache
-    is off: a CUDA graph (offrl.graphs) cannot record a step that keeps casts across it."""
+    accumulation, float32 weights and optimizer state) or nothing ('fp32').
+
+    Autocast's cast-weight cache is off on every device. It keeps a parameter's bf16 copy for the whole
+    context, and one update's context holds several optimizer steps (WSRL's UTD critic steps, IQL's V step
+    before the actor and Q steps that read V, TD3+BC's critic step before its actor step): a later forward
+    pass read the weights from before the earlier step. WSRL's UTD-4 critic steps 2-4 ran on stale critics,
+    which made eager bf16 fine-tuning collapse where fp32 held (tests/test_nets.py). A CUDA graph
+    (offrl.graphs) cannot record a step that keeps casts across it either. Re-casting costs a pass over the
+    weights per use, small beside the matmuls."""
     dtype = precision_dtype(precision)
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32,
-                          cache_enabled=device.type != "cuda")
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=False)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from offrl.nets import (DeterministicActor, Dropout, EnsembleCritic, EnsembleLinear, EnsembleMLP, GaussianActor, Linear,
-                        autocast, frozen, mlp, TanhGaussianActor, soft_update)
+                        autocast, frozen, gradient_step, mlp, TanhGaussianActor, soft_update)
 
 
 def test_ensemble_linear_equals_separate_linears():
@@ -217,6 +217,24 @@ def test_soft_update():
     soft_update(a, b, 0.25)
     for old, new, src in zip(before, a.parameters(), b.parameters()):
         torch.testing.assert_close(new, 0.75 * old + 0.25 * src)
+
+
+def test_bf16_step_sees_weights_changed_earlier_in_the_same_step():
+    """One update holds one autocast context across several optimizer steps (WSRL's UTD critic steps, IQL's
+    V step before its actor and Q steps). With autocast's weight-cast cache on, a later forward pass reused the
+    bf16 copy of the weights from before the earlier step: stale critics in WSRL's steps 2-4 made its eager
+    bf16 fine-tuning collapse where fp32 and the compiled critics (no cache) did not."""
+    torch.manual_seed(0)
+    net = mlp(4, 1, (32, 32))
+    x = torch.randn(16, 4)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    with gradient_step(torch.device("cpu"), "bf16"):
+        net(x).square().mean().backward()
+        optimizer.step()
+        after_step = net(x)
+    with gradient_step(torch.device("cpu"), "bf16"):
+        fresh = net(x)
+    torch.testing.assert_close(after_step, fresh, rtol=0, atol=0)
 
 
 def test_bf16_autocast_keeps_the_output_layer_in_float32():
