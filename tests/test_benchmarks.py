@@ -820,7 +820,9 @@ def test_committed_riql_reward_scale_table_regenerates_from_its_committed_run_fo
     makes from the run folders committed beside it and the grid's riql-bf16 and iql-bf16 hopper runs, byte for
     byte."""
     folder = ROOT / "results" / "riql-reward-scale"
-    assert json.loads((folder / "riql-reward-scale.json").read_text())["runs"] == 27, "3 variants x 3 datasets x 3 seeds"
+    grid_iql = len(list((ROOT / "results" / "grid" / "runs" / "grid-fast" / "iql-bf16").glob("iql/offrl-hopper-*/*/final.json")))
+    assert json.loads((folder / "riql-reward-scale.json").read_text())["runs"] == 18 + grid_iql, \
+        "2 RIQL variants x 3 datasets x 3 seeds, and the grid's IQL hopper runs made so far"
     assert_committed_table_regenerates(
         "benchmarks/riql_reward_scale.sh", [], {}, folder, ("riql-reward-scale.md", "riql-reward-scale.json"), tmp_path,
         "not what the committed run folders give; make it again with the script's last command (DRY_RUN=1 prints it)")
