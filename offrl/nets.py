@@ -173,7 +173,9 @@ def autocast(device: torch.device, precision: str):
     pass read the weights from before the earlier step. WSRL's UTD-4 critic steps 2-4 ran on stale critics,
     which made eager bf16 fine-tuning collapse where fp32 held (tests/test_nets.py). A CUDA graph
     (offrl.graphs) cannot record a step that keeps casts across it either. Re-casting costs a pass over the
-    weights per use, small beside the matmuls."""
+    weights per use, small beside the matmuls: with the cache and without, back to back at one thread of a
+    2-core Xeon with AMX (benchmarks.speed, 2 rounds), IQL 8.57 and 8.61 ms an update, SAC 9.19 and 8.95, WSRL
+    125.5 and 127.7."""
     dtype = precision_dtype(precision)
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=False)
 
