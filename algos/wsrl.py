@@ -71,9 +71,9 @@ the 10 critics' weight gradients that the actor loss discards. On a 2-core AMD E
 compiled, an update took 76-81 ms with it against 111-147 ms without (the actor step 29-37 ms against ~62 ms;
 eager fp32 unchanged), in back-to-back timings with nothing else running. Since the ensemble LayerNorm makes one
 fused call per member on the CPU (`offrl.nets.EnsembleLayerNorm`), a bf16 update on one thread of a 2-core Xeon
-with AMX took 97.8 ms eager and 130.6 ms compiled (results/speed-bf16.md; the per-member calls changed it by
-no more than that machine's noise; eager 114.7 ms there on a later day, with autocast re-casting the weights
-at each use, which back to back cost ~2%): whether compiling pays depends on the CPU, so time both.
+with AMX took 114.7 ms eager and 130.6 ms compiled (results/speed-bf16.md; eager was 97.8 ms there on an
+earlier day, with autocast's weight-cast cache on, which back to back changed it by ~2%; the per-member calls
+changed it by no more than that machine's noise): whether compiling pays depends on the CPU, so time both.
 Resume restores networks, optimizers, both replay buffers' sampling state, the online rows, the env's
 simulator state and RNGs, so a resumed run continues the same curve (CPU).
 """

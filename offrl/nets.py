@@ -168,10 +168,10 @@ def autocast(device: torch.device, precision: str):
     accumulation, float32 weights and optimizer state) or nothing ('fp32').
 
     Autocast's cast-weight cache is off on every device. It keeps a parameter's bf16 copy for the whole
-    context, and one update's context holds several optimizer steps (WSRL's UTD critic steps, IQL's V step
-    before the actor and Q steps that read V, TD3+BC's critic step before its actor step): a later forward
-    pass read the weights from before the earlier step. WSRL's UTD-4 critic steps 2-4 ran on stale critics,
-    which made eager bf16 fine-tuning collapse where fp32 held (tests/test_nets.py). A CUDA graph
+    context, and one update's context holds several optimizer steps: a later forward pass read a network
+    that requires gradients as it was before an earlier step (WSRL's UTD critic steps 2-4 the critics before
+    step 1, IQL's actor and Q step V before its step, MOBILE's actor step the critics, RAVL's critic step the
+    actor). WSRL's eager bf16 fine-tuning collapsed on it where fp32 held (tests/test_nets.py). A CUDA graph
     (offrl.graphs) cannot record a step that keeps casts across it either. Re-casting costs a pass over the
     weights per use, small beside the matmuls: with the cache and without, back to back at one thread of a
     2-core Xeon with AMX (benchmarks.speed, 2 rounds), IQL 8.57 and 8.61 ms an update, SAC 9.19 and 8.95, WSRL

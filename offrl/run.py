@@ -64,9 +64,9 @@ def config_changes(saved: dict, current: dict, defaults: dict) -> list[tuple[str
     """(option, saved value, current value) for each option of a run's saved config (config.json's nesting) that
     `current` changes and a resume may not change. An option that did not exist when the run started trained
     it at the option's default (`defaults`, flattened; new options keep the old behaviour by default, but for
-    resumable ones such as run.flush_denormal), so the
-    current config must ask for that default too (e.g. run.precision fp32, model.precision fp32: another value
-    would train on, or load a dynamics model, unlike the run's start)."""
+    resumable ones such as run.flush_denormal), so the current config must ask for that default too (e.g.
+    run.precision fp32, model.precision fp32: another value would train on, or load a dynamics model, unlike
+    the run's start)."""
     saved, current = flatten(saved), flatten(current)
     for key, value in defaults.items():
         saved.setdefault(key, value)
