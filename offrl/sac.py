@@ -32,6 +32,7 @@ from offrl.data import Batch
 from offrl.graphs import GraphedStep
 from offrl.losses import subsampled_critic_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, frozen, soft_update
+from offrl.optim import adam
 
 
 class SACAgent(Stateful):
@@ -53,9 +54,8 @@ class SACAgent(Stateful):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(init_alpha), device=device, requires_grad=autotune)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
-        fused = device.type in ("cpu", "cuda")
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=actor_lr, fused=fused)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=critic_lr, fused=fused)
+        self.actor_opt = adam([{"params": self.actor.parameters(), "lr": actor_lr}], device)
+        self.critic_opt = adam([{"params": self.critic.parameters(), "lr": critic_lr}], device)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
         self._critic_step = GraphedStep(self.critic_gradient_step, device, cuda_graph, optimizers=(self.critic_opt,))
         self._actor_step = GraphedStep(self.actor_gradient_step, device, cuda_graph,

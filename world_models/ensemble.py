@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from offrl.nets import EnsembleLinear, EnsembleMLP, autocast
+from offrl.optim import adam
 
 
 @dataclass
@@ -170,7 +171,7 @@ def make_optimizer(model: nn.Module, cfg: "EnsembleConfig") -> torch.optim.Adam:
     """The ensemble's Adam, fused where the device supports it: CPU's default single-tensor path took 12%
     of a training step."""
     device = next(model.parameters()).device
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=device.type in ("cpu", "cuda"))
+    return adam([{"params": model.parameters(), "lr": cfg.lr}], device)
 
 class EnsembleTrainer:
     """`fit`'s state between epochs: split, bootstrap indices, optimizer, best holdout errors and
