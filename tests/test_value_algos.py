@@ -186,10 +186,10 @@ def test_cql_defaults_follow_the_official_code():
     assert (cfg.cql_alpha, cfg.actor_lr, cfg.critic_lr, cfg.hidden) == (5.0, 1e-4, 3e-4, (256, 256, 256))
 
 
-def test_td3_bc_compiled_actor_step_differentiates_the_actor_alone():
-    """Compiled, the actor step's backward graph computes every gradient its forward was traced for: with the
-    critic frozen around it, that is the actor's parameters and no critic weight (Q_1's would be computed and
-    thrown away otherwise); the compiled update trains as the eager one."""
+def test_td3_bc_compiled_actor_objective_differentiates_the_actor_alone():
+    """Compiled (as --run.compile does off the CPU), the actor objective's backward graph computes every gradient
+    its forward was traced for: with the critic frozen around it, that is the actor's parameters and no critic
+    weight (Q_1's would be computed and thrown away otherwise); the compiled update trains as the eager one."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -213,7 +213,7 @@ def test_td3_bc_compiled_actor_step_differentiates_the_actor_alone():
         cfg.policy_freq, cfg.hidden = 1, (16, 16)
         agent = td3_bc.Agent(cfg, data, torch.device("cpu"))
         if compiled:
-            agent._actor_step = torch.compile(agent.actor_step, backend=backend)
+            agent._actor_objective = torch.compile(agent.actor_objective, backend=backend)
         buffer = ReplayBuffer.from_dataset(data.dataset, torch.device("cpu"), seed=0)
         for _ in range(3):
             agent.update(buffer.sample(32))
