@@ -98,7 +98,7 @@ class TD3BC(Stateful):
         # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager. On
         # the CPU the actor's objective stays eager too: through the frozen critic, the compiled graph saves
         # each ReLU's mask as a bool tensor, and inductor's CPU kernels store bool masks slowly (~670 us a
-        # 256x256 mask against ~30 us eager, one thread of a 2-core Xeon; the compiled actor step took 4.1 ms
+        # 256x256 mask against ~35 us eager, one thread of a 2-core Xeon; the compiled actor step took 4.1 ms
         # against 2.4 eager).
         self._critic_loss = torch.compile(self.critic_loss) if cfg.run.compile else self.critic_loss
         self._actor_objective = (torch.compile(self.actor_objective) if cfg.run.compile and device.type != "cpu"
@@ -149,8 +149,8 @@ class TD3BC(Stateful):
         metrics = self.critic_step(batch, noise)
         if not with_actor:
             return metrics
-        # the critic frozen around the step, not inside it (a graph break in a compiled step): compiled, the
-        # actor's backward would otherwise compute Q_1's unused weight gradients
+        # the critic frozen around the compiled actor objective, not inside it (a graph break): its backward
+        # would otherwise compute Q_1's unused weight gradients
         with frozen(self.critic):
             return {**metrics, **self.actor_step(batch)}
 

@@ -49,6 +49,7 @@ def _run(opt_class, steps=6, tensor_lr=False, schedule=True, skip_grad_at=None, 
 def test_fast_step_equals_torch_fused_adam_bit_for_bit(options):
     ours, our_opt = _run(Adam, **options)
     torchs, torch_opt = _run(torch.optim.Adam, **options)
+    assert our_opt._plan is not None  # listed: the fast path ran (amsgrad's groups are sent to torch's step)
     for a, b in zip(ours, torchs):
         assert torch.equal(a, b)
     ours_state, torch_state = our_opt.state_dict(), torch_opt.state_dict()
@@ -103,4 +104,71 @@ def test_unfused_adam_is_torch_adam():
         opt.step()
         torch_opt.step()
     assert opt._plan is None
+    assert all(torch.equal(p, r) for p, r in zip(params, reference))
+
+
+def _stepped(opt_class=Adam, steps=2, **kwargs):
+    params = _params()
+    opt = opt_class([{"params": params}], lr=1e-3, fused=True, **kwargs)
+    for step in range(steps):
+        for p, g in zip(params, _grads(params, step)):
+            p.grad = g
+        opt.step()
+    return params, opt
+
+
+def test_copied_and_pickled_optimizers_step_as_the_original():
+    import pickle
+
+    params, opt = _stepped()
+    assert opt._plan is not None
+    model = {"params": params, "opt": opt}
+    for copy_of in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert copy_of["opt"]._plan is None  # its states are new tensors: listed again at its next step
+        for step in (2, 3):
+            for p, q, g in zip(params, copy_of["params"], _grads(params, step)):
+                p.grad, q.grad = g, g.clone()
+            copy_of["opt"].step()
+        assert copy_of["opt"]._plan is not None
+    for step in (2, 3):
+        for p, g in zip(params, _grads(params, step)):
+            p.grad = g
+        opt.step()
+    reference, _ = _stepped(torch.optim.Adam, steps=4)
+    assert all(torch.equal(p, r) for p, r in zip(params, reference))
+
+
+def test_a_grad_scaler_found_inf_skips_the_step_as_torch_does():
+    params, opt = _stepped()
+    before = [p.detach().clone() for p in params]
+    opt.found_inf = torch.ones(())
+    opt.step()  # torch's fused step with found_inf = 1 leaves the parameters as they are
+    del opt.found_inf
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+def test_an_added_param_group_is_stepped():
+    params, opt = _stepped()
+    extra = torch.nn.Parameter(torch.ones(4))
+    opt.add_param_group({"params": [extra], "lr": 0.1})
+    for step in (2, 3):
+        for p, g in zip(params, _grads(params, step)):
+            p.grad = g
+        extra.grad = torch.ones(4)
+        opt.step()
+    assert opt._plan is not None and len(opt._plan[0]) == 2
+    assert torch.allclose(extra, torch.full((4,), 0.8))  # two Adam steps of lr 0.1 on a constant gradient
+
+
+def test_switching_a_group_to_amsgrad_leaves_the_fast_path():
+    params, opt = _stepped()
+    reference, torch_opt = _stepped(torch.optim.Adam)
+    opt.param_groups[0]["amsgrad"] = torch_opt.param_groups[0]["amsgrad"] = True
+    for state in (opt.state, torch_opt.state):
+        for entry in state.values():
+            entry["max_exp_avg_sq"] = torch.zeros_like(entry["exp_avg_sq"])
+    for p, r, g in zip(params, reference, _grads(params, 5)):
+        p.grad, r.grad = g, g.clone()
+    opt.step()
+    torch_opt.step()
     assert all(torch.equal(p, r) for p, r in zip(params, reference))

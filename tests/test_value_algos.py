@@ -219,6 +219,10 @@ def test_td3_bc_compiled_actor_objective_differentiates_the_actor_alone():
             agent.update(buffer.sample(32))
         agents.append(agent)
     assert gradient_shapes == [[tuple(p.shape) for p in agents[1].actor.parameters()]]
+    cfg = td3_bc.Config()
+    cfg.run.compile = True
+    on_cpu = td3_bc.Agent(cfg, data, torch.device("cpu"))  # --run.compile on the CPU: the objective stays eager
+    assert on_cpu._actor_objective == on_cpu.actor_objective and on_cpu._critic_loss != on_cpu.critic_loss
     assert all(p.requires_grad for p in agents[1].critic.parameters())
     for eager, compiled in zip(agents[0].state_dict()["actor"].values(), agents[1].state_dict()["actor"].values()):
         torch.testing.assert_close(compiled, eager)
