@@ -29,7 +29,7 @@ class Adam(torch.optim.Adam):
     `_fused_adam_` (`_fused_adamw_` with decoupled weight decay) with the group's current hyperparameters
     (an LR scheduler's changes are read at each step). The result is torch's fused step exactly.
     Anything outside that path goes through torch's own `step()`: not fused, a closure, amsgrad, maximize,
-    tensor betas, a missing or sparse gradient, a grad scaler (`grad_scale` or `found_inf` set), parameters
+    tensor betas, a missing gradient, a sparse one when the states are listed, a grad scaler (`grad_scale` or `found_inf` set), parameters
     of mixed device or dtype, step hooks, a running profiler (so its trace keeps the `Optimizer.step`
     range), tracing by torch.compile. On CUDA and XPU torch's check that a graph capture only records
     `capturable` groups still runs. Same constructor, state dict and checkpoints as torch.optim.Adam."""
@@ -52,7 +52,7 @@ class Adam(torch.optim.Adam):
         for group in self.param_groups:
             params = group["params"]
             if (not group.get("fused") or any(isinstance(beta, torch.Tensor) for beta in group["betas"])
-                    or any(not self.state.get(p) or p.is_sparse for p in params)
+                    or any(not self.state.get(p) or p.is_sparse or p.grad is None or p.grad.is_sparse for p in params)
                     or len({(p.device, p.dtype) for p in params}) > 1):
                 return None
             accelerator = accelerator or any(p.device.type in ("cuda", "xpu") for p in params)
@@ -80,12 +80,13 @@ class Adam(torch.optim.Adam):
                 or torch.autograd.profiler._is_profiler_enabled or torch.compiler.is_compiling()):
             return self._torch_step(closure)
         groups, _, accelerator = plan
-        grads = [[p.grad for p in params] for _, params, _ in groups]
-        if any(g is None or g.is_sparse for group_grads in grads for g in group_grads) or any(
-                not group["fused"] or group["amsgrad"] or group["maximize"] or group["differentiable"]
-                or isinstance(group["betas"][0], torch.Tensor) or isinstance(group["betas"][1], torch.Tensor)
-                for group, _, _ in groups):
-            return self._torch_step()  # torch skips parameters without a gradient, and handles the rest
+        grads = []
+        for group, params, _ in groups:
+            group_grads = [p.grad for p in params]
+            if (any(g is None for g in group_grads) or not group["fused"] or group["amsgrad"] or group["maximize"]
+                    or group["differentiable"]):
+                return self._torch_step()  # torch skips parameters without a gradient, and handles the rest
+            grads.append(group_grads)
         if accelerator:
             self._accelerator_graph_capture_health_check()
         with torch.no_grad():
