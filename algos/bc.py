@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from offrl.checkpoint import Stateful
+from offrl.compiling import compiled
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.data.preprocess import top_trajectories
@@ -62,7 +63,7 @@ class BC(Stateful):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
         self.optimizer = adam([{"params": self.actor.parameters(), "lr": cfg.lr}], device)
-        self._step = GraphedStep(torch.compile(self.step) if cfg.run.compile else self.step, device,
+        self._step = GraphedStep(compiled(self.step) if cfg.run.compile else self.step, device,
                                  cfg.run.cuda_graph, optimizers=(self.optimizer,))
 
     def loss(self, batch: Batch) -> torch.Tensor:

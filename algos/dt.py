@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from offrl.checkpoint import Stateful
+from offrl.compiling import compiled
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
 from offrl.data.preprocess import refuse_reward_transform
@@ -178,7 +179,7 @@ class DT(Stateful):
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
-        self._loss = torch.compile(self.loss) if cfg.run.compile else self.loss
+        self._loss = compiled(self.loss) if cfg.run.compile else self.loss
 
     def loss(self, batch: Segments) -> torch.Tensor:
         unit_actions = ((batch.actions - self.action_bias) / self.action_scale).masked_fill(~batch.mask.unsqueeze(-1), 0.0)

@@ -40,13 +40,14 @@ from typing import Literal, Optional
 import torch
 
 from offrl.checkpoint import Stateful
+from offrl.compiling import compiled
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.losses import HLGauss, awr_weights, expectile_loss, expectile_weights
-from offrl.optim import adam, constant, cosine_decay
 from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, soft_update
+from offrl.optim import adam, constant, cosine_decay
 from offrl.run import Run, cli_main
 
 
@@ -124,8 +125,8 @@ class IQL(Stateful):
         self.actor_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.actor_critic_opt, [cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
         # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager.
-        self._value_loss = torch.compile(self.value_loss) if cfg.run.compile else self.value_loss
-        self._actor_critic_loss = torch.compile(self.actor_critic_loss) if cfg.run.compile else self.actor_critic_loss
+        self._value_loss = compiled(self.value_loss) if cfg.run.compile else self.value_loss
+        self._actor_critic_loss = compiled(self.actor_critic_loss) if cfg.run.compile else self.actor_critic_loss
         self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
                                           optimizers=(self.value_opt, self.actor_critic_opt))
 

@@ -48,11 +48,12 @@ from typing import Literal
 import torch
 
 from offrl.checkpoint import Stateful
+from offrl.compiling import compiled
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.losses import awr_weights, ensemble_quantile, expectile_loss, huber_loss
-from offrl.optim import adam, constant, cosine_decay
 from offrl.nets import DeterministicActor, EnsembleCritic, GaussianActor, ValueNetwork, edac_critic_init, soft_update
+from offrl.optim import adam, constant, cosine_decay
 from offrl.run import Run, cli_main
 
 
@@ -121,7 +122,7 @@ class RIQL(Stateful):
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, [constant, cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
         self.huber_delta = 1.0 / cfg.sigma**2
-        self._update = torch.compile(self._update_impl) if cfg.run.compile else self._update_impl
+        self._update = compiled(self._update_impl) if cfg.run.compile else self._update_impl
 
     def _update_impl(self, batch: Batch) -> dict[str, torch.Tensor]:
         obs, actions = batch.observations, batch.actions

@@ -33,12 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from offrl.checkpoint import SeededGenerator, Stateful
+from offrl.compiling import compiled
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
-from offrl.optim import adam
 from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor, EnsembleCritic, frozen, soft_update
+from offrl.optim import adam
 from offrl.run import Run, cli_main
 
 
@@ -95,14 +96,9 @@ class TD3BC(Stateful):
         self.noise = SeededGenerator(device, cfg.seed, stream="td3_bc smoothing noise")
         self.updates = 0
         self.actor_metrics: dict[str, torch.Tensor] = {}
-        # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager. On
-        # the CPU the actor's objective stays eager too: through the frozen critic, the compiled graph saves
-        # each ReLU's mask as a bool tensor, and inductor's CPU kernels store bool masks slowly (~670 us a
-        # 256x256 mask against ~35 us eager, one thread of a 2-core Xeon; the compiled actor step took 4.1 ms
-        # against 2.4 eager).
-        self._critic_loss = torch.compile(self.critic_loss) if cfg.run.compile else self.critic_loss
-        self._actor_objective = (torch.compile(self.actor_objective) if cfg.run.compile and device.type != "cpu"
-                                 else self.actor_objective)
+        # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager
+        self._critic_loss = compiled(self.critic_loss) if cfg.run.compile else self.critic_loss
+        self._actor_objective = compiled(self.actor_objective) if cfg.run.compile else self.actor_objective
         self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
                                           optimizers=(self.actor_opt, self.critic_opt))
 

@@ -87,6 +87,7 @@ from typing import Optional
 import torch
 
 from offrl import checkpoint as ckpt
+from offrl.compiling import compile_module
 from offrl.config import EvalConfig, TrainConfig
 from offrl.data import Batch, ReplayBuffer, Spaces, TrainingData, load_for_training
 from offrl.errors import CheckpointError, OffrlError
@@ -198,8 +199,8 @@ class WSRL(SACAgent):
         if cfg.run.compile:
             # The 10 LayerNorm critics' elementwise work (LayerNorm, its affine, ReLU and their gradients) is
             # about half of an update on the CPU; compiled, it fuses. Module.compile keeps the state_dict keys.
-            self.critic.compile()
-            self.critic_target.compile()
+            compile_module(self.critic)
+            compile_module(self.critic_target)
 
     def update(self, slices: list[Batch]) -> dict[str, torch.Tensor]:
         """One critic step per slice, then one actor and temperature step on all of them (with
