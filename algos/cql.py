@@ -214,10 +214,10 @@ class CQL(Stateful):
         self._critic_loss = self.critic_loss
         if cfg.run.compile and device.type == "cpu":
             # On the CPU the critics are compiled, not the loss: their elementwise work (bias, LayerNorm, ReLU
-            # and their gradients over CQL's 30 x 256 sampled actions) fuses, where the compiled loss ran slower
-            # than eager. One thread of a 2-core Xeon with AMX, WSRL's 10-critic pre-training in bf16: eager
-            # 127.7 ms a step, compiled critics 89.5 ms (results/speed-bf16.md); the default 2 x 3x256 critics
-            # in fp32: ~146 -> ~138 ms. Compiling the actor too was slower in both. Module.compile keeps the
+            # and their gradients over CQL's 30 x 256 sampled actions) fuses, where the compiled loss was no
+            # faster. One thread of a 2-core Xeon with AMX, WSRL's 10-critic pre-training in bf16: eager 108.7 ms
+            # a step, compiled critics 61.9 ms (results/speed-bf16.md); the default 2 x 3x256 critics in fp32:
+            # ~120 -> ~111 ms (the compiled loss ~114, loss and actor loss ~113). Module.compile keeps the
             # state-dict keys.
             compile_module(self.critic)
             compile_module(self.critic_target)

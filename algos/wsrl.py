@@ -63,17 +63,14 @@ Deviations from the reference (github.com/zhouzypaul/wsrl, JAX):
   [1e-5, 10]), actions not clipped to +-0.99999 (the tanh policy stays in the box);
 - states raw and rewards transformed as the dataset was (`--data.*` must match the pre-training's,
   `--data.normalize-states` is refused); the reference's sparse-reward options are not here.
-`--run.compile` compiles the critics and their targets (their LayerNorm, affine and ReLU work fuses): on a
-2-core Xeon at one thread an update went from ~163 to ~140 ms (WSRL's defaults, median of 10 updates in a short
-timing script beside a 1-thread job; `python -m benchmarks.speed --algos wsrl [--compile]` times yours). The
-actor step reads the critics frozen (`offrl.nets.frozen`): a compiled critic's backward would otherwise compute
-the 10 critics' weight gradients that the actor loss discards. On a 2-core AMD EPYC at one thread, bf16 and
-compiled, an update took 76-81 ms with it against 111-147 ms without (the actor step 29-37 ms against ~62 ms;
-eager fp32 unchanged), in back-to-back timings with nothing else running. Since the ensemble LayerNorm makes one
-fused call per member on the CPU (`offrl.nets.EnsembleLayerNorm`), a bf16 update on one thread of a 2-core Xeon
-with AMX took 114.7 ms eager and 130.6 ms compiled (results/speed-bf16.md; eager was 97.8 ms there on an
-earlier day, with autocast's weight-cast cache on, which back to back changed it by ~2%; the per-member calls
-changed it by no more than that machine's noise): whether compiling pays depends on the CPU, so time both.
+`--run.compile` compiles the critics and their targets (their LayerNorm, affine and ReLU work fuses;
+`python -m benchmarks.speed --algos wsrl [--compile]` times yours). The actor step reads the critics frozen
+(`offrl.nets.frozen`): a compiled critic's backward would otherwise compute the 10 critics' weight gradients
+that the actor loss discards (on a 2-core AMD EPYC at one thread, bf16 and compiled, an update took 76-81 ms
+with it against 111-147 ms without). Through the frozen critics Inductor saved every ReLU mask as a bool
+tensor, which its CPU kernels store and load slowly; `offrl.compiling` has them recomputed instead. On one
+thread of a 2-core Xeon with AMX, bf16, an update took 103.9 ms eager and 55.9 ms compiled
+(results/speed-bf16.md; before that fix 114.7 ms eager and 130.6 compiled).
 Resume restores networks, optimizers, both replay buffers' sampling state, the online rows, the env's
 simulator state and RNGs, so a resumed run continues the same curve (CPU).
 """

@@ -17,10 +17,10 @@
 # 111 ms in bf16 with --run.compile (compiling slows this step on a CPU), an online update 67 ms in bf16 and 40 ms
 # with --run.compile. So COMMON holds what both stages share and PRE_COMMON / ONLINE_COMMON what only one does,
 # e.g. COMMON="--run.precision bf16" ONLINE_COMMON="--run.compile" (100k pre-training steps: ~1.8 h). On a 2-core
-# Xeon with AMX, one thread, bf16, after the ensemble LayerNorm's fused per-member calls (offrl/nets.py): a
-# pre-training step 127.7 ms eager and 89.5 ms with --run.compile (which compiles CQL's critic modules on the
-# CPU), an online update 114.7 ms eager and 130.6 ms compiled (results/speed-bf16.md, parts "wsrl-*"), so there
-# PRE_COMMON="--run.compile" and ONLINE_COMMON="" (100k pre-training steps: ~2.5 h, two seeds side by side longer).
+# Xeon with AMX, one thread, bf16, with the ensemble LayerNorm's fused per-member calls (offrl/nets.py) and
+# offrl.compiling's mask fix: a pre-training step 108.7 ms eager and 61.9 ms with --run.compile (which compiles
+# CQL's critic modules on the CPU), an online update 103.9 ms eager and 55.9 ms compiled (results/speed-bf16.md,
+# parts "wsrl-*"), so there COMMON="--run.precision bf16 --run.compile" (100k pre-training steps: ~1.7 h).
 # The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a

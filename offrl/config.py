@@ -109,10 +109,11 @@ class RunConfig:
     `--run.threads N`."""
     compile: bool = False
     """Wrap the loss computation in torch.compile, in BC, TD3+BC, IQL, RIQL, CQL, DT and WSRL (the others
-    warn and ignore it; compiling took 8-20 s on an H100's host, 26-34 s on a 2-core CPU). Pays on a GPU
-    inside the CUDA graph and for LayerNorm-heavy critics (WSRL, CQL-10: WSRL compiles its critic modules, and
-    CQL does on the CPU, rather than the loss); on a CPU of the small MLP updates only IQL's gained (7.9 -> 6.9 ms
-    on a 2-core Xeon with AMX; results/speed.md)."""
+    warn and ignore it; compiling took 8-20 s on an H100's host, 15-35 s on a 2-core CPU; offrl/compiling.py).
+    Pays on a GPU inside the CUDA graph and for LayerNorm-heavy critics (WSRL, CQL-10: WSRL compiles its critic
+    modules, and CQL does on the CPU, rather than the loss): on one thread of a 2-core Xeon with AMX, bf16,
+    WSRL's update 103.9 -> 55.9 ms (results/speed-bf16.md). Of the small fp32 MLP updates there, IQL's and
+    TD3+BC's gained ~10% and CQL's a few percent (results/speed-vs-corl.md)."""
     cuda_graph: bool = True
     """On CUDA, replay the training step of BC, TD3+BC, IQL and CQL (and the --seeds paths of BC, TD3+BC and
     IQL), and the critic and actor steps of the soft actor-critic that SAC, WSRL and MOPO share (offrl/sac.py),
