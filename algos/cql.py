@@ -216,9 +216,10 @@ class CQL(Stateful):
             # On the CPU the critics are compiled, not the loss: their elementwise work (bias, LayerNorm, ReLU
             # and their gradients over CQL's 30 x 256 sampled actions) fuses, where the compiled loss was no
             # faster. One thread of a 2-core Xeon with AMX, WSRL's 10-critic pre-training in bf16: eager 108.7 ms
-            # a step, compiled critics 61.9 ms (results/speed-bf16.md); the default 2 x 3x256 critics in fp32:
-            # ~120 -> ~111 ms (the compiled loss ~114, loss and actor loss ~113). Module.compile keeps the
-            # state-dict keys.
+            # a step, compiled critics 61.9 ms (results/speed-bf16.md); the default 2 x 3x256 critics in fp32
+            # hardly gain (123.5 ms eager, 123.4 compiled at one thread, 68.7 and 64.0 at two; results/
+            # speed-vs-corl.md), and compiling the loss instead was no faster. Module.compile keeps the state-dict
+            # keys.
             compile_module(self.critic)
             compile_module(self.critic_target)
         elif cfg.run.compile:

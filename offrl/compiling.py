@@ -4,12 +4,14 @@ Where a loss flows through a network whose weights need no gradient (an actor's 
 TD3+BC, CQL, WSRL's SAC step), the backward needs each ReLU's mask but not the activation itself, and
 AOTAutograd's partitioner saves the mask as a bool tensor, 1 byte a value. Inductor's CPU kernels (torch
 2.13) store and load bool tensors through a scalar loop over 64 lanes in memory, ~10 ns a value: a 256x256
-mask took ~670 us to store where the eager comparison takes ~35 us (one thread of a 2-core Xeon), and the
-compiled step ran slower than eager (TD3+BC's actor step 4.3 ms against 2.5, WSRL's bf16 update 130 ms
-against 90). `compiled` and `compile_module` register a joint-graph pass with Inductor that marks every
-comparison with a bool CPU result `MUST_RECOMPUTE`: the partitioner then recomputes each mask in the backward
-from the activation it saves instead (the same comparison, so the same gradients). With it the TD3+BC actor
-step took 2.2 ms and the WSRL update 54 ms. Other devices' graphs are left as they are.
+mask took ~670 us to store where the eager comparison takes ~35 us (one thread of a 2-core Xeon with AMX), and
+the compiled step ran slower than eager: WSRL's bf16 update 130.6 ms compiled against 114.7 eager
+(results/speed-bf16.md), TD3+BC's actor step ~4.3 ms against ~2.5 (a timing script). `compiled` and
+`compile_module` register a joint-graph pass with Inductor that marks every comparison with a bool CPU result
+`MUST_RECOMPUTE`: the partitioner then recomputes each mask in the backward from the activation it saves
+instead (the same comparison, so the same gradients). With it, the same machine: WSRL's update 55.9 ms
+compiled against 103.9 eager (results/speed-bf16.md), TD3+BC's actor step ~2.2 ms. Other devices' graphs are
+left as they are.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class RunConfig:
     `--run.threads N`."""
     compile: bool = False
     """Wrap the loss computation in torch.compile, in BC, TD3+BC, IQL, RIQL, CQL, DT and WSRL (the others
-    warn and ignore it; compiling took 8-20 s on an H100's host, 15-35 s on a 2-core CPU; offrl/compiling.py).
+    warn and ignore it; compiling took 8-20 s on an H100's host, 15-37 s on a 2-core CPU; offrl/compiling.py).
     Pays on a GPU inside the CUDA graph and for LayerNorm-heavy critics (WSRL, CQL-10: WSRL compiles its critic
     modules, and CQL does on the CPU, rather than the loss): on one thread of a 2-core Xeon with AMX, bf16,
     WSRL's update 103.9 -> 55.9 ms (results/speed-bf16.md). Of the small fp32 MLP updates there, IQL's and

@@ -50,6 +50,36 @@ def test_without_the_pass_a_bool_mask_is_saved_and_with_it_none_and_the_gradient
     torch.testing.assert_close(grad, eager_grad)
 
 
+def test_inductors_own_partition_runs_the_registered_pass():
+    """Through Inductor's partition function (its joint-graph passes, then the min cut) the registered pass takes
+    effect, and without it the mask is saved as bool: the pass runs before the partition, as registered."""
+    import torch._inductor.config as inductor_config
+    from functorch.compile import aot_function, make_boxed_func
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def saved_dtypes():
+        saved = {}
+
+        def forward_compiler(graph, inputs):
+            output = next(node for node in graph.graph.nodes if node.op == "output")
+            saved["dtypes"] = [arg.meta["val"].dtype for arg in output.args[0]
+                               if isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)]
+            return make_boxed_func(graph.forward)
+
+        fn = aot_function(_frozen_mlp_loss, fw_compiler=forward_compiler, partition_fn=partition_fn,
+                          bw_compiler=lambda graph, inputs: make_boxed_func(graph.forward),
+                          decompositions=select_decomp_table())
+        x = torch.randn(32, 6, requires_grad=True)
+        fn(x, torch.randn(6, 16), torch.randn(16), torch.randn(16, 1)).backward()
+        return saved["dtypes"]
+
+    with inductor_config.patch(joint_custom_post_pass=None):
+        assert torch.bool in saved_dtypes()
+        compiling.install_cpu_mask_pass()
+        assert torch.bool not in saved_dtypes()
+
+
 def test_the_pass_is_registered_once_beside_a_pass_already_there():
     import torch._inductor.config as inductor_config
 

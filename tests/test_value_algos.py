@@ -219,10 +219,20 @@ def test_td3_bc_compiled_actor_objective_differentiates_the_actor_alone():
             agent.update(buffer.sample(32))
         agents.append(agent)
     assert gradient_shapes == [[tuple(p.shape) for p in agents[1].actor.parameters()]]
-    cfg = td3_bc.Config()
-    cfg.run.compile = True
-    agent = td3_bc.Agent(cfg, data, torch.device("cpu"))  # --run.compile compiles both losses
-    assert agent._actor_objective != agent.actor_objective and agent._critic_loss != agent.critic_loss
+    trained = []  # --run.compile as a run takes it (Inductor, offrl.compiling's mask pass) against eager
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        cfg = td3_bc.Config()
+        cfg.policy_freq, cfg.hidden, cfg.run.compile = 1, (16, 16), compiled
+        agent = td3_bc.Agent(cfg, data, torch.device("cpu"))
+        assert (agent._actor_objective != agent.actor_objective) == compiled
+        buffer = ReplayBuffer.from_dataset(data.dataset, torch.device("cpu"), seed=0)
+        for _ in range(3):
+            agent.update(buffer.sample(32))
+        trained.append(agent)
+    for net in ("actor", "critic"):
+        for eager, compiled in zip(getattr(trained[0], net).parameters(), getattr(trained[1], net).parameters()):
+            torch.testing.assert_close(compiled, eager)
     assert all(p.requires_grad for p in agents[1].critic.parameters())
     for eager, compiled in zip(agents[0].state_dict()["actor"].values(), agents[1].state_dict()["actor"].values()):
         torch.testing.assert_close(compiled, eager)
