@@ -63,7 +63,7 @@ class BC(Stateful):
         self.normalizer = data.preprocessing.state_normalizer(device)
         self.actor = DeterministicActor(data.obs_dim, data.act_dim, data.action_low, data.action_high, cfg.hidden).to(device)
         self.optimizer = adam([{"params": self.actor.parameters(), "lr": cfg.lr}], device)
-        self._step = GraphedStep(compiled(self.step) if cfg.run.compile else self.step, device,
+        self._step = GraphedStep(compiled(self.step, cfg.run.compile), device,
                                  cfg.run.cuda_graph, optimizers=(self.optimizer,))
 
     def loss(self, batch: Batch) -> torch.Tensor:

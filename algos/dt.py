@@ -179,7 +179,7 @@ class DT(Stateful):
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
-        self._loss = compiled(self.loss) if cfg.run.compile else self.loss
+        self._loss = compiled(self.loss, cfg.run.compile)
 
     def loss(self, batch: Segments) -> torch.Tensor:
         unit_actions = ((batch.actions - self.action_bias) / self.action_scale).masked_fill(~batch.mask.unsqueeze(-1), 0.0)

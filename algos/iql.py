@@ -125,8 +125,8 @@ class IQL(Stateful):
         self.actor_schedule = torch.optim.lr_scheduler.LambdaLR(
             self.actor_critic_opt, [cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
         # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager.
-        self._value_loss = compiled(self.value_loss) if cfg.run.compile else self.value_loss
-        self._actor_critic_loss = compiled(self.actor_critic_loss) if cfg.run.compile else self.actor_critic_loss
+        self._value_loss = compiled(self.value_loss, cfg.run.compile)
+        self._actor_critic_loss = compiled(self.actor_critic_loss, cfg.run.compile)
         self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
                                           optimizers=(self.value_opt, self.actor_critic_opt))
 

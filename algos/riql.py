@@ -122,7 +122,7 @@ class RIQL(Stateful):
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, [constant, cosine_decay(cfg.steps) if cfg.cosine_actor_lr else constant, constant])
         self.huber_delta = 1.0 / cfg.sigma**2
-        self._update = compiled(self._update_impl) if cfg.run.compile else self._update_impl
+        self._update = compiled(self._update_impl, cfg.run.compile)
 
     def _update_impl(self, batch: Batch) -> dict[str, torch.Tensor]:
         obs, actions = batch.observations, batch.actions

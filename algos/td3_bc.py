@@ -97,8 +97,8 @@ class TD3BC(Stateful):
         self.updates = 0
         self.actor_metrics: dict[str, torch.Tensor] = {}
         # --run.compile compiles the loss functions (forward and backward); the optimizer steps stay eager
-        self._critic_loss = compiled(self.critic_loss) if cfg.run.compile else self.critic_loss
-        self._actor_objective = compiled(self.actor_objective) if cfg.run.compile else self.actor_objective
+        self._critic_loss = compiled(self.critic_loss, cfg.run.compile)
+        self._actor_objective = compiled(self.actor_objective, cfg.run.compile)
         self._gradient_step = GraphedStep(self.gradient_step, device, cfg.run.cuda_graph,
                                           optimizers=(self.actor_opt, self.critic_opt))
 

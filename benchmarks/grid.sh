@@ -65,10 +65,10 @@
 #
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; 63 ms a step
 # in bf16 on one thread of a 2-core AMD EPYC with the other core idle, 80 ms beside a second such run; 111 ms
-# with --run.compile as CQL compiled it then; on a 2-core Xeon with AMX now 108.7 eager, 61.9 compiled) and 0.085-0.11 s per online env step once updates start,
-# evaluations included (benchmarks/wsrl.sh, since the actor step reads the critics frozen): about 22 core-hours
-# for even 10k + 10k steps on the 27 dataset-seed pairs (four online variants each);
-# benchmarks/wsrl.sh runs it on one dataset.
+# with --run.compile as CQL compiled it then; on a 2-core Xeon with AMX now 108.7 eager, 61.9 compiled) and
+# 0.085-0.11 s per online env step once updates start, evaluations included (benchmarks/wsrl.sh, since the actor
+# step reads the critics frozen): about 22 core-hours for even 10k + 10k steps on the 27 dataset-seed pairs (four
+# online variants each); benchmarks/wsrl.sh runs it on one dataset.
 #
 # Run folders: by default in the repository, results/grid/runs/<sweep>/<variant>/<algo>/<dataset>/<seed>-sweep,
 # where .gitignore keeps out their checkpoints, locks and logs, so a finished run's record (config.json,

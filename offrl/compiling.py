@@ -67,8 +67,10 @@ def install_cpu_mask_pass() -> None:
         inductor_config.joint_custom_post_pass = _PASS if not passes else (*passes, _PASS)
 
 
-def compiled(fn):
-    """torch.compile(fn), with the CPU mask pass registered."""
+def compiled(fn, enabled: bool = True):
+    """torch.compile(fn), with the CPU mask pass registered; `fn` itself when not `enabled` (`--run.compile` off)."""
+    if not enabled:
+        return fn
     install_cpu_mask_pass()
     return torch.compile(fn)
 
