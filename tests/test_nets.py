@@ -67,6 +67,55 @@ def test_ensemble_output_unit_equals_the_batched_product(shared_input):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("members", [None, torch.tensor([2, 0, 2])])
+def test_ensemble_output_unit_per_member_products_equal_the_batched_product(members):
+    """Above CPU_MV_MIN_MEMBER_ROWS member-rows the 1-unit layer runs one matrix-vector product per member
+    (_MemberColumn): values, first and second derivatives as baddbmm's, with a members subset too."""
+    torch.manual_seed(0)
+    layer = EnsembleLinear(3, 16, 1).double()
+    x = torch.randn(3, 400, 16, dtype=torch.float64, requires_grad=True)
+    out = layer(x, members)
+    assert "MemberColumn" in type(out.grad_fn).__name__
+    weight, bias = layer.member_params(members)
+    reference = torch.baddbmm(bias, x, weight)
+    torch.testing.assert_close(out, reference)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, layer.weight, layer.bias), g, create_graph=True)
+    expected = torch.autograd.grad(reference, (x, layer.weight, layer.bias), g, create_graph=True)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+    # a gradient penalty's second derivative, d/dW of |dQ/dx|^2, as the product's
+    second = torch.autograd.grad(grads[0].square().sum(), layer.weight)[0]
+    torch.testing.assert_close(second, torch.autograd.grad(expected[0].square().sum(), layer.weight)[0])
+    small = layer(x[:, :300], members)  # 900 member-rows: the multiply and sum
+    assert "MemberColumn" not in type(small.grad_fn).__name__
+    torch.testing.assert_close(small, reference[:, :300])
+
+
+def test_ensemble_output_unit_per_member_products_under_vmap():
+    """offrl.multiseed vmaps the losses over seeds: the per-member path's generated vmap rule gives each
+    seed what its own call gives, forward and gradients."""
+    torch.manual_seed(0)
+    seeds = [EnsembleLinear(2, 8, 1) for _ in range(3)]
+    weights = torch.stack([s.weight.detach() for s in seeds]).requires_grad_()
+    biases = torch.stack([s.bias.detach() for s in seeds]).requires_grad_()
+    x = torch.randn(3, 2, 600, 8)
+    template = EnsembleLinear(2, 8, 1)
+
+    def one(w, b, xs):
+        return torch.func.functional_call(template, {"weight": w, "bias": b}, (xs,))
+
+    out = torch.func.vmap(one)(weights, biases, x)
+    out.square().sum().backward()
+    for i, layer in enumerate(seeds):
+        own = layer(x[i])
+        assert "MemberColumn" in type(own.grad_fn).__name__
+        torch.testing.assert_close(out[i], own)
+        own.square().sum().backward()
+        torch.testing.assert_close(weights.grad[i], layer.weight.grad)
+        torch.testing.assert_close(biases.grad[i], layer.bias.grad)
+
+
 def test_in_place_relu_mlp_has_the_gradients_of_an_out_of_place_one():
     torch.manual_seed(0)
     net = mlp(5, 2, (16, 16))
