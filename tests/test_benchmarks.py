@@ -569,6 +569,17 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql", "cql-bf16=cql --run.precision bf16"]
     assert not any("world_models.train" in line for line in part)
     assert all(line[line.index("--datasets") + 1:line.index("--seeds")] == ["offrl/hopper/medium-v0"] for line in sweeps)
+    # COMPILE: --run.compile on the named algorithms, the labels unchanged, the caption's command naming it; an
+    # algorithm that does not compile is refused
+    part = dry(ONLY="iql cql", DATASETS="offrl/hopper/medium-v0", BF16="cql", COMPILE="cql")
+    sweeps = [line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]]
+    assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql",
+                                                                       "cql-bf16=cql --run.precision bf16 --run.compile"]
+    assert "COMPILE='cql'" in part[-1][part[-1].index("--command") + 1]
+    refused = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "runs")],
+                             capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "COMPILE": "mopo"},
+                             timeout=120)
+    assert refused.returncode == 2 and "mopo does not compile" in refused.stderr
     # MODEL_PRECISION=bf16: the models train under bf16 and the runs ask for those models (the same cache key)
     part = dry(ONLY="mopo ravl", DATASETS="offrl/hopper/medium-v0", MODEL_PRECISION="bf16")
     trains = [line for line in part if line[:3] == ["python", "-m", "world_models.train"]]
