@@ -195,8 +195,8 @@ class Dropout(nn.Dropout):
     after the matmuls in a CPU profile of a DT update). Here each random 64-bit word gives four 16-bit
     draws: an element is dropped when its draw falls below round(p * 65536), so the drop rate is p rounded to a multiple
     of 1/65536 (0.1 -> 0.1000061), and kept elements are scaled by 1 / (1 - that rate), which keeps the
-    layer unbiased. Other devices use torch's own dropout. Attention dropout inside
-    scaled_dot_product_attention still uses torch's.
+    layer unbiased. Other devices use torch's own dropout. (algos/dt.py writes its CPU attention out to use it
+    on the attention weights, where scaled_dot_product_attention would draw torch's.)
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,44 @@ def test_dt_is_causal():
     assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])
 
 
+def test_dt_written_out_cpu_attention_equals_sdpa_and_drops_attention_weights(monkeypatch):
+    """In CPU training with dropout the blocks write their attention out (offrl.nets.Dropout on the weights):
+    with every dropout layer passing its input through it is SDPA's attention, left padding included, values and
+    gradients; with dropout it draws from offrl's Dropout, not SDPA's."""
+    import torch.nn.functional as F
+
+    import algos.dt as dt
+
+    torch.manual_seed(0)
+    cfg = DTConfig(context=5, embed_dim=32, layers=2, heads=2, dropout=0.1, max_timestep=50)
+    model = DecisionTransformer(3, 2, cfg).train()
+    rtg, states, actions, steps, mask = random_inputs(4, 5)
+    mask[:2, :2] = False  # left padding, as SequenceBuffer pads episode starts
+    for module in model.modules():
+        if isinstance(module, dt.Dropout):
+            module.eval()  # passes its input through
+    assert all(dt.written_out_attention(block, states) for block in model.blocks)
+    written = model(rtg, states, actions, steps, mask)
+    grads = torch.autograd.grad(written.square().sum(), list(model.parameters()))
+    for block in model.blocks:
+        block.dropout = 0.0  # the SDPA path, without its dropout
+    reference = model(rtg, states, actions, steps, mask)
+    torch.testing.assert_close(written, reference)
+    for got, want in zip(grads, torch.autograd.grad(reference.square().sum(), list(model.parameters()))):
+        torch.testing.assert_close(got, want)
+    for block in model.blocks:
+        block.dropout = 0.1
+    model.train()
+    calls = []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(k))
+    drawn = []
+    original = dt.Dropout.forward
+    monkeypatch.setattr(dt.Dropout, "forward", lambda self, x: (drawn.append(tuple(x.shape)), original(self, x))[1])
+    out = model(rtg, states, actions, steps, mask)
+    assert not calls and torch.isfinite(out).all()
+    assert drawn.count((4 * 2, 15, 15)) == 2  # each block's attention weights, [batch x heads, 3K, 3K]
+
+
 class RecordingModel(torch.nn.Module):
     """Stands in for the transformer: records each call's inputs, predicts a known action per call."""
 
