@@ -99,3 +99,43 @@ def test_compile_helpers_register_the_pass(build):
         else:
             compiling.compile_module(torch.nn.Linear(2, 2))
         assert inductor_config.joint_custom_post_pass is compiling._PASS
+
+
+def test_compiled_dropout_draws_the_eager_masks_once_each(monkeypatch):
+    """offrl.nets.Dropout under torch.compile: one graph (its random words are an op of their own, not a graph
+    break), the same masks as eager from the same seed (values and gradients), and each layer's words drawn
+    once: the backward reads the forward's mask, it does not draw again."""
+    from torch import nn
+
+    from offrl import nets
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 64), nets.Dropout(0.3), nn.ReLU(), nn.Linear(64, 64), nets.Dropout(0.3),
+                        nn.Linear(64, 1))
+    x = torch.randn(32, 8)
+
+    def loss():
+        return net(x).square().mean()
+
+    draws = []
+    real = torch.Tensor.random_
+
+    def counting_random_(self, *args, **kwargs):
+        draws.append(self.numel())
+        return real(self, *args, **kwargs)
+
+    torch.manual_seed(1)
+    eager = loss()
+    eager_grads = torch.autograd.grad(eager, list(net.parameters()))
+    explained = torch._dynamo.explain(loss)()
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    fast = compiling.compiled(loss)
+    fast()  # compiles
+    monkeypatch.setattr(torch.Tensor, "random_", counting_random_)
+    torch.manual_seed(1)
+    value = fast()
+    grads = torch.autograd.grad(value, list(net.parameters()))
+    assert draws == [32 * 64 // 4, 32 * 64 // 4]  # two layers, forward only
+    torch.testing.assert_close(value, eager)
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want)
