@@ -383,6 +383,24 @@ def test_dt_reference_init_and_decay_options(tiny):
         assert abs(linear.weight.std().item() - 0.02) < 0.002 and linear.bias.abs().max() == 0
     # embeddings and the action head keep PyTorch's init, as in the official code
     assert ref.model.embed_state.bias.abs().max() > 0
+    # the optimizer is AdamW (decoupled decay) in torch's fused kernel: its steps are torch.optim.AdamW's
+    assert all(g["fused"] and g["decoupled_weight_decay"] for g in groups)
+    for g in groups:
+        g["lr"] = 1e-2  # (the warm-up schedule starts at lr / 10000, too small a step to tell the two apart)
+    params = [p for g in groups for p in g["params"]]
+    copies = [p.detach().clone().requires_grad_() for p in params]
+    by_param = dict(zip(map(id, params), copies))
+    reference = torch.optim.AdamW([{"params": [by_param[id(p)] for p in g["params"]], "weight_decay": g["weight_decay"]}
+                                   for g in groups], lr=1e-2)
+    torch.manual_seed(1)
+    for _ in range(3):
+        for p, c in zip(params, copies):
+            p.grad = torch.randn_like(p)
+            c.grad = p.grad.clone()
+        default.optimizer.step()
+        reference.step()
+    for p, c in zip(params, copies):
+        torch.testing.assert_close(p, c, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("algo, flag", [("dt", ["--data.normalize-reward"]), ("rcsl", ["--data.reward-scale", "0.1"]),
