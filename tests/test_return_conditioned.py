@@ -119,6 +119,33 @@ def test_dt_written_out_cpu_attention_equals_sdpa_and_drops_attention_weights(mo
     assert drawn.count((4 * 2, 15, 15)) == 2  # each block's attention weights, [batch x heads, 3K, 3K]
 
 
+def test_dt_compiled_takes_the_eager_updates(tiny):
+    """DT under --run.compile (one graph: written-out CPU attention, offrl's dropout words as an op of their own):
+    from the same seed, the same dropout masks and so the same updates as eager, up to float rounding."""
+    from algos.dt import DT, Config
+    from offrl.data import load_for_training
+    from offrl.data.sequences import SequenceBuffer
+
+    results = []
+    for compile in (False, True):
+        cfg = Config(dataset=tiny, layers=2, embed_dim=32, heads=2, context=4, batch_size=8, warmup_steps=1)
+        cfg.run.compile = compile
+        data = load_for_training(tiny, cfg.data)
+        torch.manual_seed(0)
+        agent = DT(cfg, data, torch.device("cpu"))
+        buffer = SequenceBuffer(data.dataset, cfg.context, "cpu", rtg_scale=cfg.rtg_scale, max_timestep=cfg.max_timestep)
+        batches = [buffer.sample(cfg.batch_size) for _ in range(3)]
+        torch.manual_seed(1)
+        metrics = [agent.update(batch) for batch in batches]
+        results.append((agent, metrics))
+    (eager, eager_metrics), (compiled, compiled_metrics) = results
+    assert eager_metrics[0]["action_loss"] != eager_metrics[1]["action_loss"]
+    for got, want in zip(compiled_metrics, eager_metrics):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(compiled.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 class RecordingModel(torch.nn.Module):
     """Stands in for the transformer: records each call's inputs, predicts a known action per call."""
 
