@@ -82,10 +82,10 @@
 #
 # Compiling: COMPILE="cql" adds --run.compile to CQL's runs (bc, td3_bc, iql, riql, cql and dt compile their
 # updates; the label stays: compiling changes float rounding, not the algorithm, and a run may be resumed with
-# or without it). One thread of a 2-core Xeon with AMX, bf16, `python -m benchmarks.speed --algos cql dt
-# --precision bf16 --threads 1 [--compile]`: CQL 64.4 ms an update eager, 47.2 compiled; DT 110-119 eager,
-# 97.9-101.1 compiled (once offrl.nets.Dropout's random words became an op torch.compile keeps in its graph), so
-# COMPILE="cql dt" there. The caption's command names COMPILE when it is set.
+# or without it). One thread of a 2-core Xeon with AMX, bf16 (results/speed-bf16.md, parts slow-class-xeon and
+# slow-class-xeon-compiled): CQL 84.3 ms an update eager, 59.5 compiled; DT 128.2 and 110.6 (once
+# offrl.nets.Dropout's random words became an op torch.compile keeps in its graph), so COMPILE="cql dt" there.
+# The caption's command names COMPILE when it is set.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), COMPILE (algorithms with --run.compile, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
