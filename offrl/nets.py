@@ -3,8 +3,9 @@
 Actors work in a normalized action space [-1, 1] internally and map to the env's bounds with
 `action_scale` / `action_bias` buffers, so asymmetric Box bounds work too. Critic ensembles are one
 `EnsembleLinear` stack (a [E, in, out] weight and one `baddbmm`; a 1-unit output layer on the CPU is a
-multiply-and-sum), never a Python loop over members: the one exception is an ensemble LayerNorm on the CPU,
-one fused normalize-and-affine call per member (`EnsembleLayerNorm`).
+multiply-and-sum), never a Python loop over members, with two exceptions on the CPU: an ensemble LayerNorm
+makes one fused normalize-and-affine call per member (`EnsembleLayerNorm`), and a 1-unit output layer over
+many member-rows one matrix-vector product per member (`_MemberColumn`).
 
 On the CPU, products whose result is narrow ([M, n], n small) run far below the BLAS's peak, so the layers
 keep such products out of the update: `Linear` stores an input layer's weight column-major, `EnsembleLinear`
@@ -193,7 +194,7 @@ def _random_words(like: torch.Tensor, count: int) -> torch.Tensor:
     """`count` uniformly random int64 words from torch's generator, on `like`'s device. An op of its own so that
     torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each of its 10 dropouts), and
     Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled DT update, bf16, one
-    thread of a 2-core Xeon with AMX: 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-119); fp32
+    thread of a 2-core Xeon with AMX: 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-121); fp32
     169.3 (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
     common-subexpression pass merged two calls of the same count into one (both layers then dropped the same
     units), which the argument keeps apart."""
@@ -220,7 +221,7 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0 or self.p >= 1 or x.device.type != "cpu" or self.inplace:
             return super().forward(x)
         drops = round(self.p * 65536)  # out of 65536
-        draws = _random_words(x, (x.numel() + 3) // 4)
+        draws = _random_words(x.detach(), (x.numel() + 3) // 4)  # detached: no autograd wrapper around the op
         kept = draws.view(torch.int16)[:x.numel()].view(x.shape) >= drops - 32768
         # mask, then scale: a bf16 mask * scale would round 1/0.9 to 1.109
         return (x * kept.to(x.dtype)) * (65536 / (65536 - drops))
@@ -314,7 +315,7 @@ class EnsembleLinear(_MemberParams, nn.Module):
 
     Each member is initialized like `nn.Linear` (uniform in +-1/sqrt(in))."""
 
-    CPU_MV_MIN_MEMBER_ROWS = 1024
+    CPU_MV_ABOVE_MEMBER_ROWS = 1024
     """A one-column layer on the CPU takes a matrix-vector product per member above this many member-rows
     (members x rows; _MemberColumn). One thread of a 2-core Xeon, forward and backward: 2 x 512 and 4 x 256
     even (~530 us), 7 x 256 1053 -> 702 us, 2 x 1024 1850 -> 858 us; 2 x 256 267 -> 370 us."""
@@ -340,7 +341,8 @@ class EnsembleLinear(_MemberParams, nn.Module):
             # in its backward, run far below the BLAS's peak (a [2, 256, 256] x [2, 256, 1] baddbmm took
             # ~160 us, a multiply-and-sum ~35 us); over more member-rows one matrix-vector product per member
             # is faster (_MemberColumn), below them its fixed cost is not repaid.
-            if x.dim() == 3 and x.shape[0] * x.shape[1] > self.CPU_MV_MIN_MEMBER_ROWS and not torch.compiler.is_compiling():
+            if (x.dim() == 3 and x.shape[0] == weight.shape[0] and x.dtype == weight.dtype
+                    and x.shape[0] * x.shape[1] > self.CPU_MV_ABOVE_MEMBER_ROWS and not torch.compiler.is_compiling()):
                 return _MemberColumn.apply(x, weight, bias)
             return (x * weight.mT).sum(-1, keepdim=True) + bias  # Inductor fuses it into one reduction
         if x.dim() == 2:

@@ -69,7 +69,7 @@ def test_ensemble_output_unit_equals_the_batched_product(shared_input):
 
 @pytest.mark.parametrize("members", [None, torch.tensor([2, 0, 2])])
 def test_ensemble_output_unit_per_member_products_equal_the_batched_product(members):
-    """Above CPU_MV_MIN_MEMBER_ROWS member-rows the 1-unit layer runs one matrix-vector product per member
+    """Above CPU_MV_ABOVE_MEMBER_ROWS member-rows the 1-unit layer runs one matrix-vector product per member
     (_MemberColumn): values, first and second derivatives as baddbmm's, with a members subset too."""
     torch.manual_seed(0)
     layer = EnsembleLinear(3, 16, 1).double()
@@ -92,9 +92,14 @@ def test_ensemble_output_unit_per_member_products_equal_the_batched_product(memb
     torch.testing.assert_close(small, reference[:, :300])
 
 
-def test_ensemble_output_unit_per_member_products_under_vmap():
+def test_ensemble_output_unit_per_member_products_under_vmap(monkeypatch):
     """offrl.multiseed vmaps the losses over seeds: the per-member path's generated vmap rule gives each
     seed what its own call gives, forward and gradients."""
+    from offrl import nets
+
+    calls = []
+    forward = nets._MemberColumn.forward
+    monkeypatch.setattr(nets._MemberColumn, "forward", staticmethod(lambda *a: (calls.append(1), forward(*a))[1]))
     torch.manual_seed(0)
     seeds = [EnsembleLinear(2, 8, 1) for _ in range(3)]
     weights = torch.stack([s.weight.detach() for s in seeds]).requires_grad_()
@@ -106,6 +111,7 @@ def test_ensemble_output_unit_per_member_products_under_vmap():
         return torch.func.functional_call(template, {"weight": w, "bias": b}, (xs,))
 
     out = torch.func.vmap(one)(weights, biases, x)
+    assert calls  # the vmapped call went through _MemberColumn
     out.square().sum().backward()
     for i, layer in enumerate(seeds):
         own = layer(x[i])
@@ -437,3 +443,41 @@ def test_ensemble_layer_norm_many_members_keep_one_batched_normalization(monkeyp
     monkeypatch.setattr(EnsembleLayerNorm, "CPU_MAX_MEMBER_CALLS", 16)
     layer(x)
     assert len(calls) == 1 + 4
+
+
+def test_compiled_dropout_draws_the_eager_masks_once_each(monkeypatch):
+    """offrl.nets.Dropout under torch.compile: one graph (its random words are an op of their own, not a graph
+    break), the same masks as eager from the same seed (values and gradients), and each layer's words drawn
+    once: the backward reads the forward's mask, it does not draw again."""
+    from offrl import compiling, nets
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 64), nets.Dropout(0.3), nn.ReLU(), nn.Linear(64, 64), nets.Dropout(0.3),
+                        nn.Linear(64, 1))
+    x = torch.randn(32, 8)
+
+    def loss():
+        return net(x).square().mean()
+
+    draws = []
+    real = torch.Tensor.random_
+
+    def counting_random_(self, *args, **kwargs):
+        draws.append(self.numel())
+        return real(self, *args, **kwargs)
+
+    torch.manual_seed(1)
+    eager = loss()
+    eager_grads = torch.autograd.grad(eager, list(net.parameters()))
+    explained = torch._dynamo.explain(loss)()
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    fast = compiling.compiled(loss)
+    fast()  # compiles
+    monkeypatch.setattr(torch.Tensor, "random_", counting_random_)
+    torch.manual_seed(1)
+    value = fast()
+    grads = torch.autograd.grad(value, list(net.parameters()))
+    assert draws == [32 * 64 // 4, 32 * 64 // 4]  # two layers, forward only
+    torch.testing.assert_close(value, eager)
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want)
