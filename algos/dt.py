@@ -22,14 +22,13 @@ dropout, final LayerNorm) instead of HuggingFace GPT-2 (padding is masked out of
 in both); the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
 embedding, residual, MLP and attention dropout masks come from `offrl.nets.Dropout` (rate 0.1000061, cheaper
 random draws), for which training writes the attention out instead of calling SDPA (`Block.forward`; other
-devices keep SDPA and its dropout; DT runs in results/ made before 2026-11-26 had SDPA's attention dropout on
-the CPU too). Initialization and weight decay differ from the official code by default, and the DT tables
-in results/ were made so: every layer keeps PyTorch's default init, where the official GPT-2 blocks draw
-their linear weights from N(0, 0.02) with zero biases
-(`--reference-init`; the embeddings and the action head keep PyTorch's init there too; CORL
-re-initializes every Linear and Embedding that way); and AdamW's decay skips biases, LayerNorms and
-the timestep embedding (minGPT's grouping), where the official code and CORL decay every parameter
-(`--decay-all`).
+devices keep SDPA and its dropout; the DT runs in results/ predate this, commit fdfac43, and had SDPA's attention
+dropout on the CPU too). Initialization and weight decay differ from the official code by default, and the DT
+tables in results/ were made so: every layer keeps PyTorch's default init, where the official GPT-2 blocks draw
+their linear weights from N(0, 0.02) with zero biases (`--reference-init`; the embeddings and the action head
+keep PyTorch's init there too; CORL re-initializes every Linear and Embedding that way); and AdamW's decay skips
+biases, LayerNorms and the timestep embedding (minGPT's grouping), where the official code and CORL decay every
+parameter (`--decay-all`).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from offrl.data.sequences import Segments, SequenceBuffer
 from offrl.errors import OffrlError
 from offrl.eval_run import target_policies
 from offrl.nets import MLP, Dropout
-from offrl.optim import Adam
+from offrl.optim import AdamW
 from offrl.run import Run, cli_main
 
 
@@ -101,7 +100,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.ReLU(), nn.Linear(4 * dim, dim), Dropout(dropout))
-        self.heads, self.dropout = heads, dropout
+        self.heads = heads
         self.resid_drop = Dropout(dropout)
         self.attn_drop = Dropout(dropout)  # no parameters: checkpoints are unchanged
 
@@ -111,19 +110,24 @@ class Block(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         if attn_bias is not None and written_out_attention(self, x):
-            # SDPA's CPU path draws its attention-dropout mask with torch's bernoulli, ~16 ns an element: at
-            # batch 64 on one thread of a 2-core Xeon 3.8 of a block's 5.4 ms attention forward. Written out,
-            # the same softmax(q k^T / sqrt(d) + mask) v with offrl.nets.Dropout on the weights: a DT update
-            # 138.2 -> 121.4 ms in bf16, 204.4 -> 196.9 in fp32 (medians of 4 interleaved rounds of 6 steps).
+            # SDPA's CPU path draws its attention-dropout mask with torch's bernoulli, ~16 ns an element: at batch
+            # 64 on one thread of a 2-core Xeon, 3.8 ms of a block's 5.4 ms attention forward. Written out, the
+            # same softmax(q k^T / sqrt(d) + mask) v with offrl.nets.Dropout on the weights: a DT update 138.2 ->
+            # 121.4 ms in bf16, 204.4 -> 196.9 in fp32 (medians of 4 interleaved rounds of 6 steps). Under bf16
+            # autocast its two products run in bf16, as autocast runs baddbmm and bmm, and the softmax in float32,
+            # where SDPA's math path computes all of it in float32 from the bf16 q, k, v. Against a float64
+            # attention of unrounded q, k, v (scores within +-4): max error 0.017, SDPA's 0.012, and 0.008 from
+            # rounding q, k, v to bf16 alone. Products in float32 cost 18 ms an update (143.2 against 125.5 ms,
+            # SDPA 149.1; interleaved rounds in a slow hour of the machine).
             scale = (D // self.heads) ** -0.5
             scores = torch.baddbmm(attn_bias.expand(B, self.heads, T, T).reshape(B * self.heads, T, T),
                                    q.reshape(B * self.heads, T, -1), k.reshape(B * self.heads, T, -1).transpose(1, 2),
                                    alpha=scale)
-            weights = self.attn_drop(torch.softmax(scores, dim=-1))
-            attended = torch.bmm(weights.to(v.dtype), v.reshape(B * self.heads, T, -1)).view(B, self.heads, T, -1)
+            weights = self.attn_drop(torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)))
+            attended = torch.bmm(weights, v.reshape(B * self.heads, T, -1)).view(B, self.heads, T, -1)
         else:
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                      dropout_p=self.dropout if self.training else 0.0)
+                                                      dropout_p=self.attn_drop.p if self.training else 0.0)
         x = x + self.resid_drop(self.proj(attended.transpose(1, 2).reshape(B, T, D)))
         return x + self.mlp(self.ln2(x))
 
@@ -131,7 +135,7 @@ class Block(nn.Module):
 def written_out_attention(block: Block, x: torch.Tensor) -> bool:
     """Whether `block` computes its attention itself rather than through scaled_dot_product_attention: on the
     CPU, in training, with attention dropout (elsewhere SDPA's kernels, and their dropout, are the fast path)."""
-    return x.device.type == "cpu" and block.training and block.dropout > 0
+    return x.device.type == "cpu" and block.training and block.attn_drop.p > 0
 
 
 class DecisionTransformer(nn.Module):
@@ -162,7 +166,8 @@ class DecisionTransformer(nn.Module):
         attn_mask = attn_mask.unsqueeze(1)  # [B, 1, 3K, 3K], broadcast over heads
         attn_bias = None
         if any(written_out_attention(block, x) for block in self.blocks):
-            attn_bias = torch.zeros(attn_mask.shape, device=x.device).masked_fill_(~attn_mask, float("-inf"))
+            attn_bias = torch.zeros(attn_mask.shape, dtype=torch.promote_types(x.dtype, torch.float32),
+                                    device=x.device).masked_fill_(~attn_mask, float("-inf"))
         for block in self.blocks:
             x = block(x, attn_mask, attn_bias)
         x = self.ln_f(x).reshape(B, K, 3, -1)
@@ -203,12 +208,13 @@ class DT(Stateful):
         for name, param in self.model.named_parameters():
             skip = not cfg.decay_all and (name.endswith("bias") or "ln" in name or "embed_timestep" in name)
             (no_decay if skip else decay).append(param)
-        # AdamW as torch's fused kernel (offrl.optim.Adam with decoupled decay; the same steps to the bit in a
-        # 5-step check): torch's CPU default loops over the 49 tensors, 3.59 ms a step against 0.81 on one
-        # thread of a 2-core Xeon with AMX. A checkpoint of the unfused AdamW loads (and steps unfused).
-        self.optimizer = Adam([{"params": decay, "weight_decay": cfg.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, decoupled_weight_decay=True,
-                              fused=device.type in ("cpu", "cuda"))
+        # torch's fused AdamW kernel through offrl.optim (its step without torch's per-call bookkeeping): torch's
+        # CPU default loops over the 49 tensors, 3.59 ms a step against 0.81 on one thread of a 2-core Xeon with
+        # AMX; tests/test_return_conditioned.py checks its steps against torch.optim.AdamW's. A checkpoint of the
+        # earlier, unfused torch.optim.AdamW loads and then steps fused.
+        self.optimizer = AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                               fused=device.type in ("cpu", "cuda"))
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
         self._loss = compiled(self.loss, cfg.run.compile)
 

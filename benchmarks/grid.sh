@@ -88,11 +88,11 @@
 # The caption's command names COMPILE when it is set.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
-# under bf16, default none), COMPILE (algorithms with --run.compile, default none), FAST_STEPS, SLOW_STEPS, MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets
-# above), MODEL_PRECISION (fp32 or bf16: how the dynamics models train, and so which cached model the runs
-# use), DRY_RUN=1 (print the commands instead of running them), STATUS=1 (per sweep, `benchmarks.sweep
-# --status`: finished, running, diverged, interrupted and unstarted runs, steps and core-hours left; runs
-# nothing).
+# under bf16, default none), COMPILE (algorithms with --run.compile, default none), FAST_STEPS, SLOW_STEPS,
+# MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets above), MODEL_PRECISION (fp32 or bf16: how the dynamics
+# models train, and so which cached model the runs use), DRY_RUN=1 (print the commands instead of running
+# them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
+# unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-results/grid/runs}

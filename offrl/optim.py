@@ -105,6 +105,24 @@ class Adam(torch.optim.Adam):
     step.hooked = True  # tells torch.optim.Optimizer not to wrap `step` in `profile_hook_step`
 
 
+class AdamW(Adam):
+    """`Adam` with decoupled weight decay, as `torch.optim.AdamW` (torch's AdamW is this subclass of its Adam):
+    on a state dict without the flag (saved by a torch.optim.AdamW from before torch made it an Adam
+    subclass) the decay stays decoupled, as torch's AdamW keeps it; and a group loaded unfused (saved by an
+    optimizer made without `fused`) steps fused again when this one was made fused."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["decoupled_weight_decay"] = True
+        super().__init__(*args, **kwargs)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True
+            if group.get("fused") is None and getattr(self, "defaults", {}).get("fused"):
+                group["fused"] = True
+
+
 def adam(groups: list[dict], device: torch.device) -> torch.optim.Adam:
     """Adam over parameter groups, fused where the device supports it (CPU's default path is slowest)."""
     return Adam(groups, fused=device.type in ("cpu", "cuda"))

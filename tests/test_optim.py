@@ -172,3 +172,39 @@ def test_switching_a_group_to_amsgrad_leaves_the_fast_path():
     opt.step()
     torch_opt.step()
     assert all(torch.equal(p, r) for p, r in zip(params, reference))
+
+
+def test_adamw_keeps_decoupled_decay_and_its_fused_step_after_loading_older_state():
+    """offrl.optim.AdamW: torch.optim.AdamW's steps; a state dict without the decoupled flag (an AdamW saved
+    before torch made AdamW an Adam subclass) or with fused None (one made unfused) loads as decoupled and fused,
+    and steps as torch's AdamW goes on stepping."""
+    from offrl.optim import AdamW
+
+    torch.manual_seed(0)
+    mine = [torch.randn(6, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    theirs = [p.detach().clone().requires_grad_() for p in mine]
+    opt = AdamW([{"params": [mine[0]], "weight_decay": 0.1}, {"params": [mine[1]], "weight_decay": 0.0}], lr=1e-2,
+                fused=True)
+    reference = torch.optim.AdamW([{"params": [theirs[0]], "weight_decay": 0.1},
+                                   {"params": [theirs[1]], "weight_decay": 0.0}], lr=1e-2)
+
+    def steps(n):
+        for _ in range(n):
+            for p, q in zip(mine, theirs):
+                p.grad = torch.randn_like(p)
+                q.grad = p.grad.clone()
+            opt.step()
+            reference.step()
+        for p, q in zip(mine, theirs):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+    assert all(g["decoupled_weight_decay"] and g["fused"] for g in opt.param_groups)
+    steps(3)
+    older = copy.deepcopy(reference.state_dict())  # load_state_dict would share its tensors with the reference
+    for group in older["param_groups"]:
+        del group["decoupled_weight_decay"]
+        group["fused"] = None
+    opt.load_state_dict(older)
+    assert all(g["decoupled_weight_decay"] and g["fused"] for g in opt.param_groups)
+    steps(3)
+    assert opt._plan is not None  # the fast path again
