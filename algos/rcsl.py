@@ -49,6 +49,7 @@ from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError
 from offrl.eval_run import target_policies
 from offrl.nets import autocast, mlp
+from offrl.optim import AdamW
 from offrl.run import Run, cli_main
 
 
@@ -169,8 +170,8 @@ class RCSL:
         self.holdout = torch.as_tensor(order[:n_holdout], device=device)
         self.train_rows = torch.as_tensor(order[n_holdout:], device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.optimizer = torch.optim.AdamW(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                           fused=torch.device(device).type in ("cpu", "cuda"))
+        self.optimizer = AdamW(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                               fused=torch.device(device).type in ("cpu", "cuda"))
         self.best_loss, self.best_state, self.checks_without_improvement = float("inf"), None, 0
 
     def update(self, batch_size: int) -> dict[str, torch.Tensor]:

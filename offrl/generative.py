@@ -44,6 +44,7 @@ from torch import nn
 
 from offrl import checkpoint as ckpt
 from offrl.errors import CheckpointError
+from offrl.optim import AdamW
 
 FORMAT = "offrl-behaviour-policy-v2"  # v1: the diffusion network read its condition through a Mish (not the reference's)
 
@@ -274,8 +275,8 @@ class BehaviourTrainer:
         self.obs = policy.normalize(observations)
         self.unit_actions = policy.to_unit(actions)
         device = observations.device
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                           fused=device.type in ("cpu", "cuda"))
+        self.optimizer = AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                               fused=device.type in ("cpu", "cuda"))
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.ema = copy.deepcopy(policy).requires_grad_(False) if cfg.kind == "diffusion" else None
         self.updates = 0
