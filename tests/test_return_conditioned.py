@@ -153,6 +153,22 @@ def test_dt_compiled_takes_the_eager_updates(tiny):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_dt_last_state_only_is_the_full_forwards_last_prediction():
+    """Evaluation's forward (`last_state_only`: the last block for the last state token alone) gives the full
+    forward's last prediction, with several heads and layers and a window shorter than the context."""
+    torch.manual_seed(0)
+    cfg = DTConfig(context=6, embed_dim=32, layers=3, heads=4, dropout=0.1, max_timestep=50)
+    model = DecisionTransformer(3, 2, cfg).eval()
+    for K in (6, 2):
+        rtg, states, actions, steps, mask = random_inputs(5, K)
+        full = model(rtg, states, actions, steps, mask)
+        last = model(rtg, states, actions, steps, mask, last_state_only=True)
+        assert last.shape == (5, 1, 2)
+        torch.testing.assert_close(last[:, 0], full[:, -1])
+    model.train()  # (in training the full forward runs, its dropout included)
+    assert model(rtg, states, actions, steps, mask, last_state_only=True).shape == (5, 1, 2)
+
+
 class RecordingModel(torch.nn.Module):
     """Stands in for the transformer: records each call's inputs, predicts a known action per call."""
 
@@ -160,7 +176,8 @@ class RecordingModel(torch.nn.Module):
         super().__init__()
         self.calls = []
 
-    def forward(self, rtg, states, actions, timesteps, mask):
+    def forward(self, rtg, states, actions, timesteps, mask, last_state_only=False):
+        assert last_state_only  # evaluation asks for the last state's prediction only
         self.calls.append([x.clone() for x in (rtg, states, actions, timesteps, mask)])
         B, L = timesteps.shape
         return torch.full((B, L, 2), 0.1 * len(self.calls)) + torch.arange(B).view(B, 1, 1) * 0.01
