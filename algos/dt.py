@@ -123,7 +123,8 @@ class Block(nn.Module):
             scores = torch.baddbmm(attn_bias.expand(B, self.heads, T, T).reshape(B * self.heads, T, T),
                                    q.reshape(B * self.heads, T, -1), k.reshape(B * self.heads, T, -1).transpose(1, 2),
                                    alpha=scale)
-            weights = self.attn_drop(torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)))
+            probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+            weights = self.attn_drop(probabilities)
             attended = torch.bmm(weights, v.reshape(B * self.heads, T, -1)).view(B, self.heads, T, -1)
         else:
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
@@ -138,7 +139,7 @@ class Block(nn.Module):
         B, T, D = x.shape
         h = self.ln1(x)
         weight, bias = self.qkv.weight, self.qkv.bias  # rows: the query's D, then the key's and the value's
-        q = F.linear(h[:, index:index + 1], weight[:D], bias[:D]).view(B, 1, self.heads, D // self.heads).transpose(1, 2)
+        q = F.linear(h[:, index:index + 1], weight[:D], bias[:D]).view(B, 1, self.heads, -1).transpose(1, 2)
         k, v = F.linear(h, weight[D:], bias[D:]).view(B, T, 2, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[..., index:index + 1, :])
         x = x[:, index:index + 1] + self.resid_drop(self.proj(attended.transpose(1, 2).reshape(B, 1, D)))

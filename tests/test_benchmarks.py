@@ -573,8 +573,8 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     # algorithm that does not compile is refused
     part = dry(ONLY="iql cql", DATASETS="offrl/hopper/medium-v0", BF16="cql", COMPILE="cql")
     sweeps = [line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]]
-    assert [line[line.index("--variant") + 1] for line in sweeps] == ["iql=iql",
-                                                                       "cql-bf16=cql --run.precision bf16 --run.compile"]
+    variants = [line[line.index("--variant") + 1] for line in sweeps]
+    assert variants == ["iql=iql", "cql-bf16=cql --run.precision bf16 --run.compile"]
     assert "COMPILE='cql'" in part[-1][part[-1].index("--command") + 1]
     refused = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "runs")],
                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "COMPILE": "mopo"},

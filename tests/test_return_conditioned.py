@@ -138,7 +138,8 @@ def test_dt_compiled_takes_the_eager_updates(tiny):
         data = load_for_training(tiny, cfg.data)
         torch.manual_seed(0)
         agent = DT(cfg, data, torch.device("cpu"))
-        buffer = SequenceBuffer(data.dataset, cfg.context, "cpu", rtg_scale=cfg.rtg_scale, max_timestep=cfg.max_timestep)
+        buffer = SequenceBuffer(data.dataset, cfg.context, "cpu", rtg_scale=cfg.rtg_scale,
+                                max_timestep=cfg.max_timestep)
         batches = [buffer.sample(cfg.batch_size) for _ in range(3)]
         torch.manual_seed(1)
         metrics = [agent.update(batch) for batch in batches]
