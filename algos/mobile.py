@@ -15,7 +15,10 @@ with 2 critics, actor lr 1e-4 decayed to 0 by a cosine over the run, critic lr 3
 alpha 1 when tuned (the official `train.py` starts log alpha at 0; its config's alpha 0.2 is the fixed
 value where tuning is off, and docs/FACTS.md's "alpha init 0.2" is read from that config), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
 steps kept for 5 rounds, 3M steps; (h, beta) and the other per-task settings from the official table
-(hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2). Other data: h 5, beta 1.0, alpha tuned.
+(hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2; the random levels too: h 5, beta 0.5, 5.0 and 2.0
+for halfcheetah, hopper and walker2d). Other data: h 5, beta 1.0, alpha tuned. The dynamics models train
+without an epoch cap (early stopping only) but on walker2d medium (30), as the official configs; OfflineRL-Kit's
+`run_mobile.py` caps every task at 30 epochs, so its models can train for fewer epochs than these.
 
 Deviations: the actor's cosine schedule is applied per step in closed form (the official code steps a
 CosineAnnealingLR once per 1000-step epoch; the two differ by less than one epoch's decay). The penalty
@@ -44,7 +47,9 @@ SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "m
             ("walker2d", "medium"): (5, 0.5, True, None, 30), ("halfcheetah", "medium-replay"): (5, 0.1, True, None, None),
             ("hopper", "medium-replay"): (5, 0.1, False, None, None), ("walker2d", "medium-replay"): (1, 0.5, True, None, None),
             ("halfcheetah", "medium-expert"): (5, 1.0, True, 0.5, None), ("hopper", "medium-expert"): (5, 1.5, True, None, None),
-            ("walker2d", "medium-expert"): (1, 1.5, True, None, None)}
+            ("walker2d", "medium-expert"): (1, 1.5, True, None, None),
+            ("halfcheetah", "random"): (5, 0.5, True, None, None), ("hopper", "random"): (5, 5.0, True, None, None),
+            ("walker2d", "random"): (5, 2.0, True, None, None)}
 DEFAULT_SETTING = (5, 1.0, True, None, None)
 
 

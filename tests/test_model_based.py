@@ -77,6 +77,20 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
         assert torch.equal(value, split[name]), name  # models, optimizers, model buffer, rollout RNG
 
 
+def test_mobile_per_dataset_settings_follow_the_official_configs():
+    """(h, beta, tune alpha, real ratio, model epochs) by dataset, the random levels included (the official
+    configs/gym/*_random.py), the suite's names read as D4RL's env and level; other data the default."""
+    from algos.mobile import DEFAULT_SETTING, SETTINGS
+    from world_models.config import dataset_setting
+
+    assert dataset_setting("offrl/hopper/random-v0", SETTINGS, DEFAULT_SETTING) == (5, 5.0, True, None, None)
+    assert dataset_setting("halfcheetah-random-v2", SETTINGS, DEFAULT_SETTING)[:2] == (5, 0.5)
+    assert dataset_setting("offrl/walker2d/random-v0", SETTINGS, DEFAULT_SETTING)[:2] == (5, 2.0)
+    assert dataset_setting("offrl/walker2d/medium-v0", SETTINGS, DEFAULT_SETTING) == (5, 0.5, True, None, 30)
+    assert dataset_setting("offrl/hopper/medium-replay-v0", SETTINGS, DEFAULT_SETTING) == (5, 0.1, False, None, None)
+    assert dataset_setting("offrl/tiny-v0", SETTINGS, DEFAULT_SETTING) == DEFAULT_SETTING
+
+
 def test_mobile_smoke(tiny, tmp_path, model_cache):
     result = run_cli(PYTHON, "-m", "algos.mobile", "--steps", "150", "--eval.every", "100", "--num-samples", "3", *FAST,
                      "--run.out-dir", str(tmp_path))
