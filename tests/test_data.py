@@ -127,6 +127,31 @@ def test_d4rl_uses_next_observations_when_present(tmp_path):
     ds = load_dataset(write_hdf5(tmp_path / "walker2d-x-v2.hdf5", **arrays), env_id="Walker2d-v5")
     assert ds.next_observations[:, 0].tolist() == [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 7.5, 8.5]
     assert ds.num_episodes == len(ds)
+    assert "next_observations" not in ds.metadata
+
+
+def test_dynamics_models_leave_out_terminal_rows_whose_next_state_is_the_next_row(tmp_path, monkeypatch):
+    """Without next_observations a terminal row's s' is the next episode's first state: the Q-learners keep the
+    row (their targets do not read s' there), a dynamics model learns from the other rows, in a cache entry of its
+    own; with next_observations every row."""
+    from world_models.train import model_rows
+
+    ds = load_dataset(write_hdf5(tmp_path / "hopper-test-v2.hdf5", **d4rl_arrays()))
+    assert ds.terminals.tolist() == [0, 0, 0, 1, 0, 0, 0, 0] and ds.next_observations[3, 0] == 4  # row 4 starts anew
+    assert ds.metadata["next_observations"] == "next row"
+    assert model_rows(ds).tolist() == [0, 1, 2, 4, 5, 6, 7]
+    arrays = d4rl_arrays()
+    arrays["next_observations"] = arrays["observations"] + 0.5
+    with_next = load_dataset(write_hdf5(tmp_path / "walker2d-x-v2.hdf5", **arrays), env_id="Walker2d-v5")
+    assert model_rows(with_next) == slice(None)
+    from world_models import train as world_train
+    from world_models.ensemble import EnsembleConfig
+
+    folders = []
+    monkeypatch.setattr(world_train, "_load_or_train", lambda dataset, cfg, seed, device, folder, *rest: folders.append(folder))
+    for dataset in (ds, with_next):
+        world_train.load_or_train(dataset, EnsembleConfig(), cache_dir=tmp_path / "models", progress=False)
+    assert folders[0].name.split("-")[-2] == "nonterminal" and "nonterminal" not in folders[1].name
 
 
 def test_d4rl_without_timeouts_uses_the_episode_step_limit(tmp_path):

@@ -93,6 +93,16 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", obs_dim: in
     return model.to(device)
 
 
+def model_rows(dataset: Dataset) -> np.ndarray | slice:
+    """The rows a dynamics model learns from: all of them, but for data whose s' was taken from the next row
+    (a D4RL file without next_observations: metadata "next_observations" = "next row") the terminal rows, whose
+    s' is then the next episode's first state, are left out, as OfflineRL-Kit's qlearning_dataset leaves them
+    out. (The Q-learners keep them: their targets do not read s' there.)"""
+    if dataset.metadata.get("next_observations") == "next row":
+        return np.flatnonzero(dataset.terminals == 0)
+    return slice(None)
+
+
 def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: torch.device | str = "cpu",
                   model_path: str | None = None, retrain: bool = False, cache_dir: str | Path | None = None,
                   progress: bool = True) -> tuple[DynamicsEnsemble, Path]:
@@ -102,7 +112,9 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
     if model_path is not None:
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
     checksum = dataset.metadata.get("checksum") or dataset.checksum()
-    folder = Path(cache_dir or default_cache()) / cache_key(checksum, cfg, seed)
+    # a model trained without the next-row terminals gets its own cache entry, apart from any trained on them
+    rows_key = checksum if isinstance(model_rows(dataset), slice) else f"{checksum}-nonterminal"
+    folder = Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
     # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
     # wait for it and reuse its model instead of training the same one again.
     with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}"):
@@ -120,8 +132,9 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
         for stale in (path, training):
             stale.unlink(missing_ok=True)
     warn_if_emulated_bf16(cfg.precision, device, "--model.precision")
-    inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
-                                              dataset.next_observations)
+    rows = model_rows(dataset)
+    inputs, targets = transitions_to_training(dataset.observations[rows], dataset.actions[rows],
+                                              dataset.rewards[rows], dataset.next_observations[rows])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg).to(device)

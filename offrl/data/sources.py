@@ -397,6 +397,11 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
     )
     dataset.timeouts = close_open_episodes(dataset.timeouts, dataset.terminals, dataset.episode_starts)
     dataset.metadata = _file_metadata(path, attrs, env_id, fmt="d4rl-hdf5")
+    if not has_next:
+        # s' is the next row's s, as D4RL's qlearning_dataset makes it: on a terminal row that is the next
+        # episode's first state, which a Q target ignores (1 - d = 0) but a dynamics model would learn from
+        # (world_models.train.model_rows leaves those rows out)
+        dataset.metadata["next_observations"] = "next row"
     return dataset.validate(source)
 
 
