@@ -148,7 +148,8 @@ def test_dynamics_models_leave_out_terminal_rows_whose_next_state_is_the_next_ro
     from world_models.ensemble import EnsembleConfig
 
     folders = []
-    monkeypatch.setattr(world_train, "_load_or_train", lambda dataset, cfg, seed, device, folder, *rest: folders.append(folder))
+    monkeypatch.setattr(world_train, "_load_or_train",
+                        lambda dataset, cfg, seed, device, folder, *rest: folders.append(folder))
     for dataset in (ds, with_next):
         world_train.load_or_train(dataset, EnsembleConfig(), cache_dir=tmp_path / "models", progress=False)
     assert folders[0].name.split("-")[-2] == "nonterminal" and "nonterminal" not in folders[1].name
