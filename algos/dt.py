@@ -68,7 +68,8 @@ class Config(TrainConfig):
     heads: int = 1
     """Attention heads."""
     dropout: float = 0.1
-    """Dropout on embeddings, attention and residuals."""
+    """Dropout on embeddings, attention and residuals (the official code sets attention and residual dropout from its
+    option and leaves the embeddings' at GPT-2's 0.1: the same at the default)."""
     max_timestep: int = 1000
     """Size of the timestep embedding (later steps use the last entry)."""
     lr: float = 1e-4
