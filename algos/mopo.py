@@ -18,8 +18,11 @@ Terminations come from `world_models.termination` (the Gymnasium v5 env's own ru
 Defaults (docs/FACTS.md section 9, OfflineRL-Kit's `run_mopo.py`): SAC 2 x 256, actor lr 1e-4, critic lr
 3e-4, alpha lr 1e-4 from alpha 1 with target entropy -|A|, batch 256, gamma 0.99, tau 5e-3, real
 ratio 0.05, rollouts of 50k states every 1000 steps kept for 5 rounds, 3M steps. (h, lambda) per
-dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), also used for the offrl suite's
-datasets of the same env and level; on any other data h = 5, lambda = 1.0 unless given.
+dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), and for the random level, which that
+table lacks, the official configs' (halfcheetah 5, 0.5; hopper 5, 1.0; walker2d 1, 1.0); also used for the
+offrl suite's datasets of the same env and level; on any other data h = 5, lambda = 1.0 unless given. The
+official code trains 1M steps (its per-env epoch table is never read, see docs/FACTS.md section 9),
+OfflineRL-Kit and this one 3M.
 
 Deviations: the official code is TensorFlow (MBPO-based); this follows OfflineRL-Kit's PyTorch port
 for losses and defaults, except two additions of that port that the official code does not have: a
@@ -46,7 +49,9 @@ from world_models.rollout import ModelData, aleatoric_penalty, benchmark_model_d
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
             ("halfcheetah", "medium-replay"): (5, 0.5), ("hopper", "medium-replay"): (5, 2.5),
             ("walker2d", "medium-replay"): (1, 2.5), ("halfcheetah", "medium-expert"): (5, 2.5),
-            ("hopper", "medium-expert"): (5, 5.0), ("walker2d", "medium-expert"): (1, 2.5)}
+            ("hopper", "medium-expert"): (5, 5.0), ("walker2d", "medium-expert"): (1, 2.5),
+            # OfflineRL-Kit gives none for the random level: the official configs' (D4RL v0)
+            ("halfcheetah", "random"): (5, 0.5), ("hopper", "random"): (5, 1.0), ("walker2d", "random"): (1, 1.0)}
 DEFAULT_SETTING = (5, 1.0)
 
 

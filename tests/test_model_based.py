@@ -77,7 +77,7 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
         assert torch.equal(value, split[name]), name  # models, optimizers, model buffer, rollout RNG
 
 
-def test_mobile_per_dataset_settings_follow_the_official_configs():
+def test_mobile_and_mopo_per_dataset_settings():
     """(h, beta, tune alpha, real ratio, model epochs) by dataset, the random levels included (the official
     configs/gym/*_random.py), the suite's names read as D4RL's env and level; other data the default."""
     from algos.mobile import DEFAULT_SETTING, SETTINGS
@@ -89,6 +89,11 @@ def test_mobile_per_dataset_settings_follow_the_official_configs():
     assert dataset_setting("offrl/walker2d/medium-v0", SETTINGS, DEFAULT_SETTING) == (5, 0.5, True, None, 30)
     assert dataset_setting("offrl/hopper/medium-replay-v0", SETTINGS, DEFAULT_SETTING) == (5, 0.1, False, None, None)
     assert dataset_setting("offrl/tiny-v0", SETTINGS, DEFAULT_SETTING) == DEFAULT_SETTING
+    from algos import mopo  # OfflineRL-Kit's v2 table, and the official v0 configs for the random level it lacks
+
+    assert dataset_setting("offrl/hopper/medium-replay-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 2.5)
+    assert dataset_setting("offrl/walker2d/random-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (1, 1.0)
+    assert dataset_setting("offrl/halfcheetah/random-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 0.5)
 
 
 def test_mobile_smoke(tiny, tmp_path, model_cache):
