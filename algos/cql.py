@@ -32,9 +32,12 @@ policy lr 1e-4, cql_alpha 5.0, no Lagrange, deterministic backup, batch 256, gam
 normalizes states; no BC warm start (`--bc-steps 0`, as CORL and OfflineRL-Kit; the official code's
 `policy_eval_start` is 40000). CORL's settings are one flag away: `--cql-alpha 10 --actor-lr 3e-5
 --data.normalize-states` (std + 1e-3), and `--data.normalize-reward` on hopper-medium as its YAML; CORL's
-orthogonal initialization (gain sqrt(2), 1e-2 on the last layer) and its actor's log-std (multiplier 1,
-offset -1, clipped to [-20, 2]) have no flag here. WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
-`--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
+critics' orthogonal initialization (gain sqrt(2), 1e-2 on the last layer; its actor keeps PyTorch's hidden
+init with a xavier-uniform last layer of gain 1e-2) and its actor's log-std (multiplier 1, offset -1, clipped to
+[-20, 2]) have no flag here. Initialization: PyTorch's default, as OfflineRL-Kit; the official code's (rlkit:
+hidden weights uniform in +-1/sqrt(out), 1/16 at width 256 where PyTorch's first layer is 3-4x wider on the
+MuJoCo tasks, hidden biases 0.1, output layers in +-3e-3 (Q) and +-1e-3 (policy)) is `--reference-init`.
+WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is `--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
 (250k steps; a step took ~175 ms at one thread on a 2-core AMD EPYC, float32, eager); algos/wsrl.py fine-tunes its
 checkpoint. With `--critic-subsample k` the target's min and the conservative penalty each use k critics drawn
 at random every step (with replacement, as WSRL draws them), the penalty of a drawn critic weighted E/k so each
@@ -66,6 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from offrl.checkpoint import Stateful
 from offrl.compiling import compile_module, compiled
@@ -73,7 +77,7 @@ from offrl.config import TrainConfig
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.losses import draw_members, subsampled_critic_min
-from offrl.nets import EnsembleCritic, TanhGaussianActor, frozen, soft_update
+from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, frozen, soft_update
 from offrl.optim import adam
 from offrl.run import Run, cli_main
 
@@ -136,6 +140,10 @@ class Config(TrainConfig):
     """Initial entropy temperature."""
     target_entropy: float | None = None
     """Target entropy (default -action_dim)."""
+    reference_init: bool = False
+    """Initialize as the official code (rlkit): hidden weights uniform in +-1/sqrt(out), hidden biases 0.1, the
+    critics' output layers uniform in +-3e-3 and the policy's in +-1e-3 (`rlkit_init`); default: PyTorch's, as
+    OfflineRL-Kit."""
 
 
 def mc_returns(dataset: Dataset, gamma: float, sparse_failure: float | None = None) -> np.ndarray:
@@ -156,6 +164,22 @@ def mc_returns(dataset: Dataset, gamma: float, sparse_failure: float | None = No
             ret = rewards[i] + gamma * ret
             out[i] = ret
     return np.asarray(out, dtype=np.float32)
+
+
+def rlkit_init(actor: TanhGaussianActor, critic: EnsembleCritic) -> None:
+    """The official CQL code's initialization (rlkit's `fanin_init` and `init_w`): the critics' as
+    `offrl.nets.edac_critic_init` (hidden weights uniform in +-1/sqrt(out), biases 0.1, output layer in +-3e-3);
+    the policy's hidden weights in +-1/sqrt(out) too (rlkit reads fan-in from an nn.Linear weight's first
+    dimension, its output width), its hidden biases 0.1 and its output layer (mean and log-std) in +-1e-3."""
+    edac_critic_init(critic)
+    layers = [m for m in actor.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        for layer in layers[:-1]:
+            bound = 1.0 / math.sqrt(layer.out_features)
+            layer.weight.uniform_(-bound, bound)
+            layer.bias.fill_(0.1)
+        layers[-1].weight.uniform_(-1e-3, 1e-3)
+        layers[-1].bias.uniform_(-1e-3, 1e-3)
 
 
 def calql_bound(q_policy: torch.Tensor, lower_bound: torch.Tensor) -> torch.Tensor:
@@ -197,6 +221,8 @@ class CQL(Stateful):
                                        layer_norm=cfg.actor_layer_norm).to(device)
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.num_critics, cfg.hidden, layer_norm=cfg.layer_norm,
                                      shared_output=cfg.shared_critic_output).to(device)
+        if cfg.reference_init:
+            rlkit_init(self.actor, self.critic)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         lagrange_init = cfg.lagrange_init if cfg.lagrange_init is not None else (1.0 if cfg.calql else 0.0)

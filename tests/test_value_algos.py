@@ -186,6 +186,31 @@ def test_cql_defaults_follow_the_official_code():
     assert (cfg.cql_alpha, cfg.actor_lr, cfg.critic_lr, cfg.hidden) == (5.0, 1e-4, 3e-4, (256, 256, 256))
 
 
+def test_cql_reference_init_is_rlkits(tiny):
+    """--reference-init: rlkit's bounds (hidden weights within 1/sqrt(out), biases 0.1, Q heads within 3e-3, the
+    policy's within 1e-3), the target critics a copy; by default PyTorch's (the first layer wider than 1/16)."""
+    from algos.cql import CQL, Config
+    from offrl.data import load_for_training
+    from offrl.nets import EnsembleLinear
+
+    data = load_for_training(tiny, Config().data)
+    torch.manual_seed(0)
+    agent = CQL(Config(dataset=tiny, reference_init=True), data, torch.device("cpu"))
+    critic_layers = [m for m in agent.critic.modules() if isinstance(m, EnsembleLinear)]
+    actor_layers = [m for m in agent.actor.modules() if isinstance(m, torch.nn.Linear)]
+    for layer in critic_layers[:-1]:
+        assert layer.weight.abs().max() <= 1 / 16 and torch.all(layer.bias == 0.1)
+    assert critic_layers[-1].weight.abs().max() <= 3e-3 and critic_layers[-1].bias.abs().max() <= 3e-3
+    for layer in actor_layers[:-1]:
+        assert layer.weight.abs().max() <= 1 / 16 and torch.all(layer.bias == 0.1)
+    assert actor_layers[-1].weight.abs().max() <= 1e-3 and actor_layers[-1].bias.abs().max() <= 1e-3
+    for target, online in zip(agent.critic_target.parameters(), agent.critic.parameters()):
+        assert torch.equal(target, online)
+    default = CQL(Config(dataset=tiny), data, torch.device("cpu"))
+    first = [m for m in default.actor.modules() if isinstance(m, torch.nn.Linear)][0]
+    assert first.weight.abs().max() > 1 / 16 and not torch.all(first.bias == 0.1)
+
+
 def test_td3_bc_compiled_actor_objective_differentiates_the_actor_alone():
     """Compiled (as --run.compile does), the actor objective's backward graph computes every gradient
     its forward was traced for: with the critic frozen around it, that is the actor's parameters and no critic
