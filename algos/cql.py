@@ -51,7 +51,12 @@ Deviations: the critics are one batched ensemble and every Q evaluation of a ste
 uniform, pi(s), pi(s') actions) is one forward pass (two with --critic-subsample: all critics on the data, the
 drawn ones on the sampled actions); actor and critic losses are both computed
 with the networks as they were before the step (as rlkit does); the uniform proposal's density
-uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. Cal-QL: the reference's
+uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. `--max-target-backup` takes
+the min over critics and then the max over the sampled next actions, with that action's log-prob for an
+entropy backup (young-geng's and CORL's rule); the official code takes the max per critic, then the min, and
+never backs up entropy there. `--lagrange` weights alpha' * cql_alpha * (gap - target_gap) (CORL's and
+young-geng's form); the official code's alpha' * (cql_alpha * gap - target_gap) is the same at its Lagrange
+default cql_alpha 1. Cal-QL: the reference's
 return-to-go of a sparse-reward trajectory that never succeeds (AntMaze, Adroit-binary: every row gets
 r_neg / (1 - gamma)) needs --calql-sparse-failure r_neg (the reference knows its tasks' r_neg; the
 data here does not say it); without it every trajectory's return-to-go is its discounted sum. WSRL's
