@@ -27,7 +27,9 @@ entropy: |tau - 1(u < 0)| with u = target - E[V] (this weighting is our choice; 
 Deviations: twin critics are one batched ensemble; actions are scaled to the env's box (the
 official code assumes [-1, 1]); PyTorch's default initialization (the official code draws every weight
 orthogonal with gain sqrt(2), biases 0; CORL keeps PyTorch's); rewards are scaled on any data (the official
-code scales the locomotion tasks only, antmaze gets r - 1). CORL also uses V before its update for A and
+code scales the locomotion tasks only, antmaze gets r - 1), and the return range leaves out an episode cut
+by the end of the data (offrl.data.preprocess.return_range_factor; the official code counts every piece
+between dones, the cut one included). CORL also uses V before its update for A and
 y (not offered here; algos/riql.py does) and normalizes states (--data.normalize-states).
 """
 

@@ -27,7 +27,8 @@ quantile and K from the paper's config are in docs/FACTS.md. As in CORL/RIQL, th
 target use V before its update (official IQL uses it after).
 RIQL initializes its critics as EDAC does, and so do we (`offrl.nets.edac_critic_init`: hidden biases 0.1,
 last layer U(+-3e-3), hidden weights U(+-1/sqrt(out)), the first layer's included).
-Rewards stay raw by default, as in RIQL's code (CORL's IQL scales them by 1000 / return range). On clean
+Rewards stay raw by default, as in RIQL's code (offrl's IQL scales them by 1000 / return range, as the
+official IQL; CORL's IQL only in its hopper medium and medium-replay configs). On clean
 data at short budgets this matters: beta 3 on advantages in raw reward units (hopper: about 3 a step) puts
 the mean AWR weight at about 7-22 on the suite's hopper datasets, where IQL's scaled rewards give it 1.2-1.7
 on medium and medium-expert, so the actor regresses onto few transitions. At the grid's 100k steps,
