@@ -25,11 +25,13 @@ RvS-R itself is `--conditioning average --head gaussian` (its loss is the Gaussi
 log-likelihood). Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
 xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
 parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
-without stopping early (MBRCSL's trainer then keeps the last). The default target is the dataset's best episode
-return (MBRCSL conditions on the best return of its data).
+without stopping early (MBRCSL's trainer then keeps the last); early stopping applies from the first check,
+where MBRCSL's maze runs start it at epoch 80 (algos/mbrcsl.py follows that) and its other runs, and RvS
+(no validation split, 2000 epochs at batch 16384), train their whole budget. The default target is the
+dataset's best episode return (MBRCSL conditions on the best return of its data).
 
-`train_policy(dataset, cfg, ...)` trains on any Dataset and returns an `RCSLPolicy`: MBRCSL uses it on
-model rollouts.
+`train_policy(dataset, cfg, ...)` trains on any Dataset and returns an `RCSLPolicy` (algos/mbrcsl.py drives
+`RCSL` and `run_step` itself on its model rollouts).
 """
 
 from __future__ import annotations

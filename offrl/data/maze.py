@@ -22,8 +22,11 @@ Reference scores: ref_min = uniform random actions, ref_max = the same controlle
 route S -> M -> G and holding there; 100 episodes each, reset seeds 123, 124, ...
 
 Differences from the reference data (`pointmaze.dat`): all 200 transitions of an episode are kept
-(the reference drops the last one), and resets are seeded `seed + i` instead of a random seed in
-[0, 1000).
+(the reference drops the last one), resets are seeded `seed + i` instead of a random seed in
+[0, 1000), and the controller's route-cell targets are the cells' centres, where the reference's
+sampler jitters each by +-0.25 (`cell2xy`'s noise), so its detouring groups reach, and one holds at, a
+jittered point near the goal rather than the goal cell's centre (their mean return a little lower there;
+the best return, which sets MBRCSL's threshold, about the same).
 """
 
 from __future__ import annotations
