@@ -29,8 +29,10 @@ GYMNASIUM_ENV_FOR_D4RL = {
 
 
 def d4rl_env_from_name(name: str) -> str | None:
-    """'hopper-medium-v2' -> 'hopper'; None when the name is not a D4RL locomotion dataset."""
-    match = re.match(r"^(hopper|halfcheetah|walker2d|ant)[-_]", name.lower())
+    """'hopper-medium-v2' -> 'hopper'; None when the name is not a D4RL locomotion dataset: neither a Gymnasium
+    env id ('Hopper-v5', a user file's --data.env-id, whose scores are not D4RL's) nor an antmaze file saved
+    under its URL name ('Ant_maze_u-maze_...')."""
+    match = re.match(r"^(hopper|halfcheetah|walker2d|ant)[-_](?!maze)(?!v\d+$)", name.lower())
     return match.group(1) if match else None
 
 

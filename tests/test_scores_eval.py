@@ -20,6 +20,11 @@ def test_normalized_score():
         scores.normalized_score([1.0], 2.0, 2.0)
     assert scores.d4rl_env_from_name("halfcheetah-medium-replay-v2") == "halfcheetah"
     assert scores.d4rl_env_from_name("my-data") is None
+    assert scores.d4rl_env_from_name("hopper_medium-v2") == "hopper"
+    # a Gymnasium env id (a user file's --data.env-id) and an antmaze file's URL name are not D4RL locomotion data
+    assert scores.d4rl_env_from_name("Hopper-v5") is None and scores.d4rl_env_from_name("Walker2d-v4") is None
+    assert scores.d4rl_env_from_name("Ant_maze_u-maze_noisy_multistart_False_multigoal_False_sparse_fixed") is None
+    assert scores.d4rl_env_from_name("antmaze-umaze-v2") is None and scores.d4rl_env_from_name("ant-medium-v2") == "ant"
 
 
 def manual_returns(metadata, policy, seeds):
