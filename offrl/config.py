@@ -76,7 +76,10 @@ class EvalConfig:
     """Episodes per evaluation, run in parallel in one vector env."""
     seed_offset: int = 100
     """Evaluation episode i resets with seed + seed_offset + i (the offset 100 is TD3+BC's official code's, which
-    seeds its eval env once with seed + 100 and resets it 10 times in turn)."""
+    seeds its eval env once with seed + 100 and resets it 10 times in turn). Every evaluation of a run uses the
+    same start states, and neighbouring training seeds share all but one of them (seed 0: 100-109, seed 1:
+    101-110): seeds' scores are not independent draws of start states, so a spread over seeds understates
+    the start-state part of the variance."""
 
 
 @dataclass
