@@ -7,15 +7,15 @@ Each argument is a run folder or a folder searched (at any depth) for run folder
 config.json and a metrics.jsonl), optionally prefixed with `LABEL=` to name every run under it. Without a
 label a run is named by its config: "WSRL" (a pre-trained checkpoint, warm-up, no offline data), "retain
 offline data <r>" (--offline-ratio r), "no warm-up" (--warmup-steps 0), "SAC from scratch" (--checkpoint
-none), joined when several apply. One panel per dataset; per variant and evaluation step the mean over
-seeds of the normalized score (the return where a run has no reference scores), shaded by +- one std, the
-number of seeds in the legend. The curves are also written as JSON beside the PNG.
+none), joined when several apply. One panel per dataset; per variant the mean over seeds of the normalized
+score (the return where a run has no reference scores) at each step every seed evaluated, shaded by +- one
+std, the number of seeds in the legend. The curves are also written as JSON beside the PNG.
 
 `--markdown PATH` writes, per dataset and variant, what the WSRL paper's claims are checked on: the score at
 env step 0 (the pre-trained policy, before any online step), the lowest score in the first `--dip-window` env
 steps after the run's updates begin (the dip that fine-tuning without retained data suffers at its start) and
-the start minus it, and the last score; each per run, then mean ± std over seeds. Below the table, the checks:
-WSRL's last score against its start and against SAC from scratch's last (at the same env steps), and WSRL's
+the start minus it, and the last score, as mean ± std over seeds. Below the table, the checks: WSRL's last
+score against its start and against SAC from scratch's last (both runs' last evaluations at one env step), and WSRL's
 dip against the dip without warm-up. A check is made only on runs that reached their budget (for the dip: ran
 past its window) and, between two variants, on the same seeds; else it says what is missing. Each says in how
 many seeds it holds; the dip's is met only when it holds for the mean and for every seed. Beside them, as context and not as a claim, the pre-training's level: the
@@ -171,6 +171,9 @@ def checks(labels: dict[str, dict]) -> list[str]:
         reasons = [m for m in (missing(a, done), missing(b, done)) if m]
         if set(runs[a]) != set(runs[b]):
             reasons.append(f"the seeds differ ({a}: {sorted(runs[a])}, {b}: {sorted(runs[b])})")
+        elif done == "finished" and (steps := {r["last_step"] for label in (a, b) for r in runs[label].values()}) \
+                and len(steps) > 1:  # "at the same env steps": the last evaluations must be at one step
+            reasons.append(f"their last evaluations are at different env steps ({sorted(steps)})")
         return "; ".join(reasons) or None
 
     def mean(label, key):
@@ -273,7 +276,9 @@ def curves(groups: dict[str, dict[str, list[Path]]]) -> dict[str, dict[str, dict
                 normalized &= norm
                 for step, score in zip(steps.tolist(), scores.tolist()):
                     per_step[step].append(score)
-            steps = sorted(per_step)
+            # only the steps every run evaluated: a mean over fewer seeds where one run is short would be another
+            # curve under the same label
+            steps = sorted(step for step, scores in per_step.items() if len(scores) == len(runs))
             out[dataset][label] = {"steps": steps, "mean": [float(np.mean(per_step[s])) for s in steps],
                                    "std": [float(np.std(per_step[s])) for s in steps],
                                    "seeds": [len(per_step[s]) for s in steps], "runs": [str(r) for r in runs],

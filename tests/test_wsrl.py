@@ -322,6 +322,24 @@ def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path)
     assert "dip with warm-up < without: not assessed (no warm-up's seeds [1] are not past the dip window)" in text
 
 
+def test_scratch_comparison_needs_one_last_step_and_curves_only_steps_every_seed_evaluated(tmp_path):
+    """WSRL against SAC from scratch "at the same env steps": finished runs of other budgets are not compared; a
+    curve holds only the steps every seed of its variant evaluated (not a mean over fewer seeds past one's end)."""
+    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)
+    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
+    fake_run(tmp_path / "sc0", {0: 1, 200: 75}, checkpoint="none", seed=0, steps=200)
+    fake_run(tmp_path / "sc1", {0: 1, 200: 55}, checkpoint="none", seed=1, steps=200)
+    fake_run(tmp_path / "r0", {0: 50, 200: 60, 400: 70}, seed=0, offline_ratio=0.5)
+    fake_run(tmp_path / "r1", {0: 30, 200: 40}, seed=1, offline_ratio=0.5)
+    out = tmp_path / "claims.md"
+    data = wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out),
+                           "--dip-window", "100"])
+    assert "WSRL >= scratch: not assessed (their last evaluations are at different env steps ([200, 400]))" in \
+        out.read_text()
+    curve = data["offrl/tiny-v0"]["retain offline data 0.5"]
+    assert curve["steps"] == [0, 200] and curve["mean"] == [40.0, 50.0] and curve["seeds"] == [2, 2]
+
+
 def test_claims_skip_set_aside_folders_and_refuse_a_seed_twice_or_an_empty_dip_window(tmp_path):
     """A folder a sweep set aside (`<run>.unstarted-<k>`, a restart before the first checkpoint) is not a run;
     a seed in two folders of one variant is an error; a dip window without an evaluation leaves the dip claim
