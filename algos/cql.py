@@ -82,7 +82,7 @@ from offrl.config import TrainConfig
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
 from offrl.graphs import GraphedStep
 from offrl.losses import draw_members, subsampled_critic_min
-from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, frozen, soft_update
+from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, frozen, rlkit_layer_init, soft_update
 from offrl.optim import adam
 from offrl.run import Run, cli_main
 
@@ -177,14 +177,7 @@ def rlkit_init(actor: TanhGaussianActor, critic: EnsembleCritic) -> None:
     the policy's hidden weights in +-1/sqrt(out) too (rlkit reads fan-in from an nn.Linear weight's first
     dimension, its output width), its hidden biases 0.1 and its output layer (mean and log-std) in +-1e-3."""
     edac_critic_init(critic)
-    layers = [m for m in actor.modules() if isinstance(m, nn.Linear)]
-    with torch.no_grad():
-        for layer in layers[:-1]:
-            bound = 1.0 / math.sqrt(layer.out_features)
-            layer.weight.uniform_(-bound, bound)
-            layer.bias.fill_(0.1)
-        layers[-1].weight.uniform_(-1e-3, 1e-3)
-        layers[-1].bias.uniform_(-1e-3, 1e-3)
+    rlkit_layer_init([m for m in actor.modules() if isinstance(m, nn.Linear)], 1e-3)
 
 
 def calql_bound(q_policy: torch.Tensor, lower_bound: torch.Tensor) -> torch.Tensor:

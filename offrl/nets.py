@@ -418,13 +418,21 @@ def edac_critic_init(critic: nn.Module) -> None:
     if not isinstance([m for m in critic.modules() if isinstance(m, (EnsembleLinear, nn.Linear))][-1], EnsembleLinear):
         raise ValueError("edac_critic_init: this critic's members share their output layer; EDAC's init is for "
                          "separate heads")
+    rlkit_layer_init(layers, 3e-3)
+
+
+def rlkit_layer_init(layers: list[nn.Module], output_bound: float) -> None:
+    """rlkit's initialization of an MLP's linear layers (`nn.Linear` or `EnsembleLinear`, in order), which the
+    official CQL and EDAC codes use: hidden weights uniform in +-1/sqrt(out) (rlkit's `fanin_init` reads the
+    fan-in from a weight's first dimension, an nn.Linear's output width), hidden biases 0.1, the output layer's
+    weight and bias uniform in +-output_bound."""
     with torch.no_grad():
         for layer in layers[:-1]:
-            bound = 1.0 / math.sqrt(layer.out_dim)
+            bound = 1.0 / math.sqrt(layer.out_dim if isinstance(layer, EnsembleLinear) else layer.out_features)
             layer.weight.uniform_(-bound, bound)
             layer.bias.fill_(0.1)
-        layers[-1].weight.uniform_(-3e-3, 3e-3)
-        layers[-1].bias.uniform_(-3e-3, 3e-3)
+        layers[-1].weight.uniform_(-output_bound, output_bound)
+        layers[-1].bias.uniform_(-output_bound, output_bound)
 
 
 class EnsembleCritic(nn.Module):
