@@ -117,13 +117,17 @@ def aggregate_intervals(summary: dict, out_dir: Path) -> tuple[str, Path] | None
             ax.barh(y, high - low, left=low, height=0.6, color=colors[agg["variant"]], alpha=0.75)
             ax.vlines(agg[metric]["point"], y - 0.3, y + 0.3, color="black", linewidth=1.5)
         ax.set_yticks(range(len(aggregates)))
-        ax.set_yticklabels([a["variant"] for a in aggregates] if ax is axes[0][0] else [])
+        ax.set_yticklabels([f"{a['variant']} ({len(a['datasets'])} datasets)" for a in aggregates]
+                           if ax is axes[0][0] else [])
         ax.set_ylim(-0.6, len(aggregates) - 0.4)
         ax.invert_yaxis()
         ax.set_title(METRIC_TITLES[metric], fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     st = summary["statistics"]
-    fig.suptitle(f"final scores over datasets; 95% CIs ({st['reps']} stratified bootstrap replicates)", fontsize=9)
+    title = f"final scores over datasets; 95% CIs ({st['reps']} stratified bootstrap replicates)"
+    if len({tuple(a["datasets"]) for a in aggregates}) > 1:  # as the table says below its aggregates
+        title += "\nthe variants cover different datasets: their aggregates do not compare"
+    fig.suptitle(title, fontsize=9)
     fig.supxlabel(_metric_name(summary), fontsize=9)
     return "aggregate IQM, mean and optimality gap with 95% CIs", _save(fig, out_dir / "aggregates.png")
 
@@ -144,7 +148,9 @@ def performance_profiles(summary: dict, out_dir: Path) -> tuple[str, Path] | Non
     ax.set_xlabel(f"{_metric_name(summary)} (tau)")
     ax.set_ylabel("fraction of runs with final score > tau")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("performance profiles, 95% CI bands", fontsize=10)
+    datasets = {tuple(a["datasets"]) for a in summary.get("aggregates", []) if a["variant"] in profiles["variants"]}
+    ax.set_title("performance profiles, 95% CI bands" + ("\n(the variants cover different datasets: their runs do not "
+                 "compare)" if len(datasets) > 1 else ""), fontsize=9 if len(datasets) > 1 else 10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return "performance profiles", _save(fig, out_dir / "profiles.png")
