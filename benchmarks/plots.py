@@ -6,7 +6,7 @@
 Written into --out-dir:
 - curves-<dataset>.png: per dataset, one line per variant: the mean over seeds of training's evaluations
   (metrics.jsonl) against the runs' steps (gradient steps; env steps for online algorithms), with a bootstrap
-  95% CI band of that mean (seeds resampled);
+  95% percentile band of that mean (seeds resampled; with 3 seeds or fewer it is the seeds' range);
 - aggregates.png: per variant, IQM, mean and optimality gap of the final scores over all its datasets, with
   rliable's stratified-bootstrap 95% CIs (the numbers of the table's aggregate section);
 - profiles.png: performance profiles (rliable's score distributions): the fraction of runs whose final
