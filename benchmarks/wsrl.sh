@@ -15,8 +15,9 @@
 # `python -m benchmarks.speed --algos wsrl` before choosing. Timed again there with the other core idle (synthetic
 # hopper-sized data, 20 steps after 5 warm-up, one thread): a pre-training step 128 ms in float32, 63 ms in bf16
 # and 111 ms in bf16 with --run.compile (CQL then compiled its whole loss; it slowed this step on that CPU), an
-# online update 67 ms in bf16 and 40 ms with --run.compile. So COMMON holds what both stages share and PRE_COMMON / ONLINE_COMMON what only one does,
-# e.g. COMMON="--run.precision bf16" ONLINE_COMMON="--run.compile" (100k pre-training steps: ~1.8 h). On a 2-core
+# online update 67 ms in bf16 and 40 ms with --run.compile. So COMMON holds what both stages share and
+# PRE_COMMON / ONLINE_COMMON what only one does, e.g. COMMON="--run.precision bf16" ONLINE_COMMON="--run.compile"
+# (100k pre-training steps: ~1.8 h). On a 2-core
 # Xeon with AMX, one thread, bf16, with the ensemble LayerNorm's fused per-member calls (offrl/nets.py) and
 # offrl.compiling's mask fix: a pre-training step 108.7 ms eager and 61.9 ms with --run.compile (which compiles
 # CQL's critic modules on the CPU), an online update 103.9 ms eager and 55.9 ms compiled (results/speed-bf16.md,
