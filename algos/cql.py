@@ -37,7 +37,8 @@ init with a xavier-uniform last layer of gain 1e-2) and its actor's log-std (mul
 [-20, 2]) have no flag here. Initialization: PyTorch's default, as OfflineRL-Kit; the official code's (rlkit:
 hidden weights uniform in +-1/sqrt(out), 1/16 at width 256 where PyTorch's first layer is 3-4x wider on the
 MuJoCo tasks, hidden biases 0.1, output layers in +-3e-3 (Q) and +-1e-3 (policy)) is `--reference-init`.
-WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is `--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
+WSRL's locomotion pre-training (docs/FACTS.md section 14, `--use_redq`) is
+`--hidden 256 256 --num-critics 10 --critic-subsample 2 --layer-norm --actor-layer-norm --max-target-backup`
 (250k steps; a step took ~175 ms at one thread on a 2-core AMD EPYC, float32, eager); algos/wsrl.py fine-tunes its
 checkpoint. With `--critic-subsample k` the target's min and the conservative penalty each use k critics drawn
 at random every step (with replacement, as WSRL draws them), the penalty of a drawn critic weighted E/k so each

@@ -194,8 +194,9 @@ def _random_words(like: torch.Tensor, count: int) -> torch.Tensor:
     """`count` uniformly random int64 words from torch's generator, on `like`'s device. An op of its own so that
     torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each of its 10 dropouts), and
     Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled DT update, bf16, one
-    thread of a 2-core Xeon with AMX: 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-121); fp32
-    169.3 (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
+    thread of a 2-core Xeon with AMX (`python -m benchmarks.speed --algos dt --precision bf16 --threads 1
+    --compile`, single runs): 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-121); fp32 169.3
+    (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
     common-subexpression pass merged two calls of the same count into one (both layers then dropped the same
     units), which the argument keeps apart."""
     return torch.empty(count, dtype=torch.int64, device=like.device).random_(-2**63, 2**63 - 1)
