@@ -78,7 +78,9 @@
 # the table made from the committed folders (step 4's command, which DRY_RUN=1 prints; run at the end of every
 # slice; tests/test_benchmarks.py checks that the committed table is what the committed folders give): a
 # machine that goes away takes only its unfinished runs' checkpoints with it, and the next one skips every
-# committed run.
+# committed run. Commit a run that a NaN/inf stopped too (its folder has a diverged.json and no final.json;
+# `git ls-files -o --exclude-standard 'results/grid/runs/*diverged.json'`): the table lists it and counts it in
+# its row's seeds instead of showing one seed fewer without a word.
 #
 # Compiling: COMPILE="cql" adds --run.compile to CQL's runs (bc, td3_bc, iql, riql, cql and dt compile their
 # updates; the label stays: compiling changes float rounding, not the algorithm, and a run may be resumed with

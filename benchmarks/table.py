@@ -6,7 +6,9 @@
 For every run folder with a final.json: the last evaluation's normalized score (final) and the best
 one over training (best, from metrics.jsonl). Per group: mean ± std over seeds of last and best, and
 the IQM of the seeds' last scores with a 95% confidence interval. Below it, per variant over all its
-datasets: IQM, mean and optimality gap with stratified-bootstrap 95% CIs. The statistics come from
+datasets: IQM, mean and optimality gap with stratified-bootstrap 95% CIs. A run folder that a NaN/inf
+stopped (diverged.json, no final.json) has no score: the table lists it in a section of its own and its
+row's seeds cell counts it ("2 (+1 diverged)"), so a missing seed is never silent. The statistics come from
 rliable (benchmarks/stats.py: the optional extra `.[stats]`) with a fixed number of bootstrap
 replicates (--reps) and a fixed seed (--bootstrap-seed), so the same run folders give the same table,
 byte for byte. The caption states seeds, steps, evaluation episodes, hardware and package versions,
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import stats
-from offrl.checkpoint import run_checkpoint
+from offrl.checkpoint import DIVERGED_FILE, diverged, run_checkpoint
 
 
 def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
@@ -108,8 +110,31 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
                                      f"{seen[key]} and {final.parent}: keep one")
                 seen[key] = final.parent
                 row = label if len(metrics) == 1 else f"{label} [{metric.removesuffix('/normalized_score')}]"
-                groups[(row, run["dataset"])].append(run)
+                groups[(row, run["dataset"])].append({**run, "variant": label})
     return groups
+
+
+def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None,
+                     datasets: list[str] | None = None) -> list[dict]:
+    """The run folders a NaN/inf stopped (a diverged.json and no final.json), in the layout `collect` reads:
+    they have no score, so a table lists them rather than counting fewer seeds without saying why."""
+    roots = [roots] if isinstance(roots, Path) else roots
+    markers = sorted({m.resolve(): (root, m) for root in roots for m in root.glob(f"*/*/*/*/{DIVERGED_FILE}")}.values(),
+                     key=lambda rm: str(rm[1]))
+    out = []
+    for root, marker in markers:
+        run_dir = marker.parent
+        if (run_dir / "final.json").exists():
+            continue  # finished after a retry that kept an old marker: its score counts
+        label = run_dir.relative_to(root).parts[0]
+        config = json.loads((run_dir / "config.json").read_text())
+        if (variants is not None and label not in variants) or (datasets is not None and config["dataset"] not in datasets):
+            continue
+        stop = diverged(run_dir) or {}
+        out.append({"variant": label, "dataset": config["dataset"], "seed": config["seed"], "steps": config["steps"],
+                    "step": stop.get("step"), "metrics": stop.get("metrics", []), "value": stop.get("value"),
+                    "last_checkpoint_step": stop.get("last_checkpoint_step"), "run_dir": str(run_dir)})
+    return out
 
 
 def machine_of(env: dict, cpu_model: bool = False) -> str:
@@ -215,11 +240,21 @@ def steps_cell(row: dict) -> str:
 
 
 def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
-              reps: int = stats.REPS, seed: int = stats.SEED, profiles: bool = False, curves: bool = False) -> dict:
+              reps: int = stats.REPS, seed: int = stats.SEED, profiles: bool = False, curves: bool = False,
+              diverged: list[dict] | None = None) -> dict:
     """Everything a table says, as plain data (the --json output): caption facts, one entry per row with
     per-seed scores and rliable's IQM / mean / optimality gap with CIs, and per variant the aggregate over
-    its datasets; with `profiles` performance profiles, with `curves` each row's learning curve."""
+    its datasets; with `profiles` performance profiles, with `curves` each row's learning curve. `diverged`
+    (collect_diverged) are listed, and counted in their rows' seeds, but enter no statistic."""
     runs = list({r["run_dir"]: r for rs in groups.values() for r in rs}.values())  # a run has a row per metric
+    diverged = sorted(diverged or [], key=lambda d: (d["dataset"], d["variant"], d["seed"], d["run_dir"]))
+    finished_at = {(r.get("variant", label), dataset, r["seed"]): r["run_dir"]
+                   for (label, dataset), rs in groups.items() for r in rs}
+    for d in diverged:
+        if (d["variant"], d["dataset"], d["seed"]) in finished_at:
+            raise SystemExit(f"error: seed {d['seed']} of {d['variant']} on {d['dataset']} has a finished run folder "
+                             f"{finished_at[(d['variant'], d['dataset'], d['seed'])]} and a diverged one "
+                             f"{d['run_dir']}: keep one")
     finished = [r["finished"] for r in runs if r.get("finished") is not None]
     out = {"title": title, "command": command, "generated_by": "python -m benchmarks.table", "runs": len(runs),
            "last_finished": time.strftime("%Y-%m-%d", time.gmtime(max(finished))) if finished else None,
@@ -231,6 +266,8 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                           "reps": reps, "seed": seed, "confidence": stats.CONFIDENCE,
                           "optimality_gap_threshold": stats.GAMMA},
            "rows": [], "aggregates": []}
+    if diverged:  # the key only where there are some: tables made before it regenerate byte for byte
+        out["diverged"] = diverged
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rs = _by_seed(rs)
         final = np.array([r["final"] for r in rs], dtype=np.float64)
@@ -244,6 +281,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
+        diverged_seeds = [d["seed"] for d in diverged if d["variant"] == rs[0].get("variant", label) and d["dataset"] == dataset]
+        if diverged_seeds:
+            row["diverged_seeds"] = diverged_seeds
         # early stopping (RCSL's hold-out loss): the steps trained, per seed, where fewer than the budget
         stopped = [r["stopped_at"] if (r.get("stopped_at") or r["steps"]) < r["steps"] else None for r in rs]
         if any(k is not None for k in stopped):
@@ -298,7 +338,7 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
     """The table as markdown; `plots` = [(caption, link)] appended as images."""
     title, command = summary["title"], summary["command"]
     if not summary["runs"]:
-        return f"# {title}\n\n(no finished runs)\n"
+        return "\n".join([f"# {title}", "", "(no finished runs)", *diverged_section(summary.get("diverged", []))]) + "\n"
     st = summary["statistics"]
     if summary["reeval_seed"] is None:
         evaluation = f"each evaluation {', '.join(map(str, summary['episodes']))} episodes (deterministic policy). "
@@ -309,7 +349,10 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
         final_is = (f"Final = the final checkpoint evaluated again by `offrl eval` with "
                     f"{', '.join(map(str, summary['episodes']))} episodes from reset seed {summary['reeval_seed']} "
                     "(other episodes than training's); ")
-    finished = f" (the last finished on {summary['last_finished']}, UTC)" if summary["last_finished"] else ""
+    stopped = (f"and {len(summary['diverged'])} stopped by a NaN/inf, listed below"
+               if summary.get("diverged") else "")
+    finished = f"the last finished on {summary['last_finished']}, UTC" if summary["last_finished"] else ""
+    finished = f" ({'; '.join(x for x in (stopped, finished) if x)})" if stopped or finished else ""
     lines = [f"# {title}", "",
              f"Generated by `{summary['generated_by']}` from {summary['runs']} runs{finished}. "
              f"Seeds {summary['seeds']}; {', '.join(map(str, summary['steps']))} {summary.get('step_unit', 'gradient steps')}; "
@@ -339,9 +382,11 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
         final, best = row["final"], row["best"]
         hours = "n/a" if row["hours_per_run"] is None else f"{row['hours_per_run']:.2f}" + (
             "" if row["runs_with_wall_time"] == row["n"] else f" ({row['runs_with_wall_time']} of {row['n']} runs)")
-        lines.append(f"| {row['variant']} | {row['dataset']} | {row['n']} | {steps_cell(row)} | "
+        seeds = f"{row['n']}" + (f" (+{len(row['diverged_seeds'])} diverged)" if row.get("diverged_seeds") else "")
+        lines.append(f"| {row['variant']} | {row['dataset']} | {seeds} | {steps_cell(row)} | "
                      f"{'/'.join(row['precision'])} | {final['mean']:.1f} ± {final['std']:.1f} | "
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
+    lines += diverged_section(summary.get("diverged", []))
     lines += ["", "## Aggregate over datasets", "",
               "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
               "datasets), mean (of the per-dataset means) and optimality gap (100 minus the mean of min(score, 100): "
@@ -366,6 +411,24 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
             lines += [f"![{caption}]({link})", ""]
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def diverged_section(diverged: list[dict]) -> list[str]:
+    """The runs a NaN/inf stopped, as markdown lines (none when there are none)."""
+    if not diverged:
+        return []
+    lines = ["", "## Runs stopped by a NaN/inf", "",
+             "These runs have no score and enter no statistic of this table; a row's seeds cell counts them as "
+             "'+k diverged'. `benchmarks.sweep` does not resume them (a resume replays the same steps from the "
+             "same RNG state into the same NaN; `--retry-diverged` runs them again).", "",
+             "| variant | dataset | seed | stopped at step | of steps | not finite | last checkpoint at step |",
+             "|---|---|---|---|---|---|---|"]
+    for d in diverged:
+        what = ", ".join(d["metrics"]) + (f" ({d['value']})" if d.get("value") is not None else "")
+        checkpoint = "none" if d.get("last_checkpoint_step") is None else d["last_checkpoint_step"]
+        lines.append(f"| {d['variant']} | {d['dataset']} | {d['seed']} | {d['step'] if d['step'] is not None else '?'} | "
+                     f"{d['steps']} | {what or '?'} | {checkpoint} |")
+    return lines
 
 
 def render(groups: dict, title: str, command: str | None, reeval_seed: int | None = None,
@@ -403,7 +466,8 @@ def main(argv: list[str] | None = None) -> str:
     extras = args.json is not None or args.plots is not None
     summary = summarize(collect(args.roots, args.metric, reevaluate, args.variants, args.datasets), args.title, args.command,
                         args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
-                        profiles=extras, curves=extras)
+                        profiles=extras, curves=extras,
+                        diverged=collect_diverged(args.roots, args.variants, args.datasets))
     links = None
     if args.plots is not None:
         from benchmarks import plots

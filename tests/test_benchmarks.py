@@ -295,6 +295,36 @@ def test_a_seed_in_two_run_folders_is_refused_and_a_root_given_twice_counts_once
         table.collect([copy])
 
 
+def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, tmp_path):
+    import shutil
+
+    copy = tmp_path / "local"
+    shutil.copytree(sweeps["root"] / "local", copy)
+    run = copy / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep"
+    (run / "final.json").unlink()  # seed 1 stopped on a NaN, as offrl.run leaves such a folder
+    (run / "diverged.json").write_text(json.dumps({"step": 40, "metrics": ["train/actor_loss"], "value": "nan",
+                                                   "last_checkpoint_step": 30}))
+    text = table.main([str(copy), "--reps", "200"])
+    assert "| bc | offrl/tiny-v0 | 1 (+1 diverged) |" in text
+    assert "## Runs stopped by a NaN/inf" in text
+    assert "| bc | offrl/tiny-v0 | 1 | 40 | 60 | train/actor_loss (nan) | 30 |" in text
+    assert "from 1 runs (and 1 stopped by a NaN/inf, listed below; the last finished" in text
+    summary = table.summarize(table.collect([copy]), "t", None, reps=200, diverged=table.collect_diverged([copy]))
+    bc = next(r for r in summary["rows"] if r["variant"] == "bc")
+    assert bc["n"] == 1 and bc["seeds"] == [0] and bc["diverged_seeds"] == [1]
+    assert [d["seed"] for d in summary["diverged"]] == [1]
+    assert table.collect_diverged([copy], variants=["td3"]) == []
+    # every seed diverged: no row, but the table still says so
+    only = tmp_path / "only"
+    shutil.copytree(run, only / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep")
+    assert "(no finished runs)" in (empty := table.main([str(only)])) and "| bc | offrl/tiny-v0 | 1 | 40 |" in empty
+    # a diverged folder beside a finished run of the same seed is refused, as two finished folders are
+    shutil.copytree(run, run.parent / "0-again")
+    (run.parent / "0-again" / "config.json").write_text((run.parent / "0-sweep" / "config.json").read_text())
+    with pytest.raises(SystemExit, match="seed 0 of bc on offrl/tiny-v0 has a finished run folder"):
+        table.main([str(copy), "--reps", "200"])
+
+
 def test_a_row_stopped_early_says_where_beside_its_budget(sweeps, tmp_path):
     """RCSL stops on its hold-out loss: its final.json's stopped_at_step, not the budget, is what it trained; a
     row whose runs stopped early shows both, and a table without such runs says nothing of it."""
