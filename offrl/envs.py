@@ -1,4 +1,11 @@
-"""Environments offrl defines itself.
+"""Environments offrl defines itself, and `make`, gym.make for the envs offrl evaluates on.
+
+`offrl/D4RLAnt-v4`: the Ant that D4RL's ant-*-v2 files were recorded and scored on. Their 111-number
+observations are gym Ant-v2's (qpos without x, y; qvel; 84 contact forces), whose contact forces were
+always zero under MuJoCo >= 2.0 (openai/gym#1541, D4RL#143), so that its contact cost was zero too.
+This is Gymnasium's Ant-v4 without contact forces (the same model, rewards and healthy range as v2, no
+contact cost) with 84 zeros appended to each observation. Gymnasium's Ant-v5 observes 105 numbers
+(non-zero contact forces, the world body's left out) and charges a contact cost.
 
 `offrl/PointMazeStitch-v0`: MBRCSL's point-maze stitching task (Zhou et al., NeurIPS 2023;
 docs/FACTS.md section 8), on gymnasium-robotics' PointMaze (`pip install -e ".[maze]"`):
@@ -19,6 +26,8 @@ goal's unobserved jitter is what a model can learn).
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 
@@ -32,6 +41,8 @@ STITCH_START = (1, 2)
 STITCH_GOAL = (2, 4)
 STITCH_HORIZON = 200
 STITCH_ENV_ID = "offrl/PointMazeStitch-v0"
+D4RL_ANT_ENV_ID = "offrl/D4RLAnt-v4"
+D4RL_ANT_CONTACT_DIMS = 84
 
 
 def _point_maze_class():
@@ -79,9 +90,39 @@ class StitchPointMaze(gym.Env):
         self.maze_env.close()
 
 
+class _ZeroContactForces(gym.ObservationWrapper):
+    """Appends D4RL_ANT_CONTACT_DIMS zeros to each observation (see the module docstring)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        low, high = env.observation_space.low, env.observation_space.high
+        pad = np.full(D4RL_ANT_CONTACT_DIMS, np.inf, dtype=low.dtype)  # unbounded, as v2 declared them
+        self.observation_space = gym.spaces.Box(np.concatenate([low, -pad]), np.concatenate([high, pad]),
+                                                dtype=env.observation_space.dtype)
+
+    def observation(self, observation):
+        return np.concatenate([observation, np.zeros(D4RL_ANT_CONTACT_DIMS, dtype=observation.dtype)])
+
+
+def d4rl_ant(**kwargs) -> gym.Env:
+    from gymnasium.envs.mujoco.ant_v4 import AntEnv
+
+    return _ZeroContactForces(AntEnv(use_contact_forces=False, **kwargs))
+
+
+def make(spec, **kwargs) -> gym.Env:
+    """gym.make, without Gymnasium's "out of date" warning for the v4 MuJoCo envs that D4RL files evaluate
+    on by design (offrl.scores.GYMNASIUM_ENV_FOR_D4RL)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*The environment \S+-v4 is out of date")
+        return gym.make(spec, **kwargs)
+
+
 def register() -> None:
     if STITCH_ENV_ID not in gym.registry:
         gym.register(STITCH_ENV_ID, entry_point="offrl.envs:StitchPointMaze", max_episode_steps=STITCH_HORIZON)
+    if D4RL_ANT_ENV_ID not in gym.registry:
+        gym.register(D4RL_ANT_ENV_ID, entry_point="offrl.envs:d4rl_ant", max_episode_steps=1000)
 
 
 register()

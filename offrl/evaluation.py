@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from offrl import envs as offrl_envs
 from offrl import scores
 
 
@@ -44,7 +45,7 @@ def make_vector_env(metadata: dict, num_envs: int) -> gym.vector.VectorEnv:
 
 def _make(spec, metadata: dict) -> gym.Env:
     try:
-        return gym.make(spec)
+        return offrl_envs.make(spec)
     except (gym.error.UnregisteredEnv, ModuleNotFoundError) as exc:
         from offrl.errors import DatasetError
 

@@ -10,6 +10,7 @@ import mujoco
 import numpy as np
 import torch
 
+from offrl import envs
 from offrl.errors import CheckpointError
 
 
@@ -23,7 +24,7 @@ class EnvLoop:
     def __init__(self, env: str | gym.Env, seed: int):
         """`env`: an env id, or an env already made (e.g. `offrl.evaluation.make_env(metadata)`, which keeps
         a dataset's recorded spec)."""
-        self.env = gym.make(env) if isinstance(env, str) else env
+        self.env = envs.make(env) if isinstance(env, str) else env
         self.seed = seed
         self.env.action_space.seed(seed)
         self.obs, _ = self.env.reset(seed=seed)

@@ -4,6 +4,13 @@ Reference scores come from the dataset's metadata (the offrl suite and Minari da
 expert policy), or, for D4RL files, from D4RL's table (docs/FACTS.md section 0). The D4RL values were
 measured on mujoco-py v2 environments; they are only used for D4RL files and say so in
 `ref_source`, never for the Gymnasium v5 suite.
+
+A D4RL file evaluates by default on the Gymnasium v4 env (GYMNASIUM_ENV_FOR_D4RL), the v2 envs' models and
+rewards on the maintained `mujoco` bindings, rather than v5, which changed what D4RL recorded: Walker2d-v5
+gives both feet friction 1.9 (v2: right foot 0.9, left 1.9), Hopper-v5 and Walker2d-v5 stop paying the
+healthy reward on the falling step, and Ant-v5 observes 105 numbers (non-zero contact forces) where D4RL's
+ant files hold 111 (v2's, with contact forces that MuJoCo >= 2.0 left at zero: offrl/D4RLAnt-v4 in
+offrl.envs). `--data.env-id` picks another.
 """
 
 from __future__ import annotations
@@ -20,11 +27,11 @@ D4RL_REF_SCORES: dict[str, tuple[float, float]] = {
     "ant": (-325.6, 3879.7),
 }
 
-GYMNASIUM_ENV_FOR_D4RL = {
-    "hopper": "Hopper-v5",
-    "halfcheetah": "HalfCheetah-v5",
-    "walker2d": "Walker2d-v5",
-    "ant": "Ant-v5",
+GYMNASIUM_ENV_FOR_D4RL = {  # see the module docstring; 'module:EnvId' makes gym import offrl.envs, which registers it
+    "hopper": "Hopper-v4",
+    "halfcheetah": "HalfCheetah-v4",
+    "walker2d": "Walker2d-v4",
+    "ant": "offrl.envs:offrl/D4RLAnt-v4",
 }
 
 

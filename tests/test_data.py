@@ -116,9 +116,43 @@ def test_d4rl_qlearning_semantics(tmp_path):
     # episode 2 ends before the dropped timeout row (cut: bootstrap); the file ends mid-episode 3.
     assert ds.timeouts.tolist() == [0, 0, 0, 0, 0, 1, 0, 1]
     assert ds.episode_starts.tolist() == [0, 4, 6]
-    assert ds.metadata["env_id"] == "Hopper-v5"
+    assert ds.metadata["env_id"] == "Hopper-v4"  # the v2 env's model and rewards (offrl.scores)
     assert ds.metadata["ref_min_score"] == pytest.approx(-20.272305)
     assert "D4RL" in ds.metadata["ref_source"]
+
+
+@pytest.mark.parametrize("name,obs_dim,act_dim", [("hopper", 11, 3), ("halfcheetah", 17, 6), ("walker2d", 17, 6),
+                                                   ("ant", 111, 8)])
+def test_d4rl_files_evaluate_on_the_envs_d4rl_recorded(tmp_path, name, obs_dim, act_dim):
+    """D4RL's locomotion files evaluate on Gymnasium's v4 envs (the v2 models and rewards): Walker2d's feet keep
+    v2's frictions 0.9 and 1.9 (v5: both 1.9), and ant files' 111 numbers are Ant-v4's 27 and v2's 84 contact
+    forces, zero under MuJoCo >= 2.0 (Ant-v5 observes 105). No 'out of date' warning reaches the user."""
+    import warnings
+
+    from offrl.data import check_env_compat
+    from offrl.evaluation import make_env
+    from world_models.termination import termination_fn
+
+    n = 12
+    arrays = dict(observations=np.zeros((n, obs_dim), np.float32), actions=np.zeros((n, act_dim), np.float32),
+                  rewards=np.zeros(n, np.float32), terminals=np.zeros(n, bool), timeouts=np.zeros(n, bool))
+    ds = load_dataset(write_hdf5(tmp_path / f"{name}-medium-v2.hdf5", **arrays))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        env = make_env(ds.metadata)
+        done = termination_fn(ds.metadata["env_id"])
+    check_env_compat(ds, env.observation_space, env.action_space)  # raises on a width mismatch
+    assert env.spec.max_episode_steps == 1000 and "-v4" in ds.metadata["env_id"]
+    obs, _ = env.reset(seed=0)
+    for _ in range(20):
+        obs, *_ = env.step(env.action_space.sample())
+    assert obs.shape == (obs_dim,) and not done(torch.as_tensor(obs[None], dtype=torch.float32)).item()
+    model = env.unwrapped.model
+    if name == "walker2d":
+        assert [model.geom("foot_geom").friction[0], model.geom("foot_left_geom").friction[0]] == [0.9, 1.9]
+    if name == "ant":
+        assert not obs[27:].any() and obs[:27].any()
+    env.close()
 
 
 def test_d4rl_uses_next_observations_when_present(tmp_path):

@@ -171,16 +171,17 @@ def test_a_stopped_training_resumes_to_the_same_model(tmp_path):
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "InvertedPendulum-v5"])
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "InvertedPendulum-v5",
+                                    "Hopper-v4", "Walker2d-v4", "offrl.envs:offrl/D4RLAnt-v4"])
 def test_termination_functions_agree_with_the_real_env(env_id):
     """On >= 1000 transitions per env from random actions (Hopper and Walker2d fall within tens of steps,
-    so many are unhealthy) and, for Ant, from states whose height is set across its healthy range."""
-    import gymnasium as gym
-
+    so many are unhealthy) and, for Ant, from states whose height is set across its healthy range. The v4
+    envs are those D4RL files evaluate on (offrl.scores)."""
+    from offrl import envs
     from world_models.termination import termination_fn
 
     fn = termination_fn(env_id)
-    env = gym.make(env_id)
+    env = envs.make(env_id)
     rng = np.random.default_rng(0)
     next_obs, terminated = [], []
     obs, _ = env.reset(seed=0)
@@ -190,7 +191,7 @@ def test_termination_functions_agree_with_the_real_env(env_id):
         terminated.append(term)
         if term or trunc:
             obs, _ = env.reset(seed=len(terminated))
-    if env_id == "Ant-v5":  # random actions rarely tip the ant over: set heights inside and outside [0.2, 1.0]
+    if "Ant" in env_id:  # random actions rarely tip the ant over: set heights inside and outside [0.2, 1.0]
         base = env.unwrapped
         for z in np.linspace(0.0, 1.4, 300):
             env.reset(seed=int(z * 1000))

@@ -1,5 +1,6 @@
 """Termination functions for model rollouts: whether a predicted next observation ends the episode,
-as the Gymnasium v5 MuJoCo env itself would decide (`terminated`, not time-limit truncation).
+as the Gymnasium v5 MuJoCo env itself would decide (`terminated`, not time-limit truncation; the v4 envs
+that D4RL files evaluate on, offrl.scores, decide by the same rules).
 
 Each function reads its healthy ranges from the env it is made for (`gym.make(spec).unwrapped`), so a
 dataset recorded with non-default env arguments gets matching terminations:
@@ -43,9 +44,9 @@ def _between(x: torch.Tensor, low: float, high: float, inclusive: bool = False) 
 
 def termination_fn(env_spec) -> TerminationFn:
     """The termination function of an env id or spec (`offrl.evaluation.env_spec_from_metadata`)."""
-    import gymnasium as gym
+    from offrl import envs
 
-    env = gym.make(env_spec)
+    env = envs.make(env_spec)
     try:
         base = env.unwrapped
         name = type(base).__name__
