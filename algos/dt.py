@@ -44,7 +44,7 @@ from offrl.checkpoint import Stateful
 from offrl.compiling import compiled
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
-from offrl.data.preprocess import refuse_reward_transform
+from offrl.data.preprocess import refuse_reward_transform, refuse_weighted_sampling
 from offrl.data.sequences import Segments, SequenceBuffer
 from offrl.errors import OffrlError
 from offrl.eval_run import target_policies
@@ -341,6 +341,7 @@ def eval_policies(cfg: Config, agent: DT, metadata: dict, targets=None) -> dict[
 
 def train(cfg: Config) -> dict:
     refuse_reward_transform(cfg.data, "dt")
+    refuse_weighted_sampling(cfg.data, "dt", "segments from uniformly drawn start rows")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("dt", cfg, data)
     target = expert_target(cfg, data.metadata)

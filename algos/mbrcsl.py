@@ -48,7 +48,7 @@ from algos import rcsl
 from offrl import generative
 from offrl.config import DataConfig, EvalConfig
 from offrl.data import Dataset, TrainingData, load_dataset, load_for_training
-from offrl.data.preprocess import StateNormalizer, normalize_states, state_stats
+from offrl.data.preprocess import StateNormalizer, normalize_states, refuse_weighted_sampling, state_stats
 from offrl.errors import OffrlError
 from offrl.run import Run, cli_main
 from world_models.ensemble import DynamicsEnsemble
@@ -342,6 +342,7 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 
 
 def train(cfg: Config) -> dict:
+    refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mbrcsl")
     behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps

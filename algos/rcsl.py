@@ -46,7 +46,7 @@ from torch import nn
 
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
-from offrl.data.preprocess import StateNormalizer, refuse_reward_transform
+from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_weighted_sampling
 from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError
 from offrl.eval_run import target_policies
@@ -299,6 +299,7 @@ def eval_policies(cfg: Config, agent: RCSL, metadata: dict, targets=None) -> dic
 
 def train(cfg: Config) -> dict:
     refuse_reward_transform(cfg.data, "rcsl")
+    refuse_weighted_sampling(cfg.data, "rcsl", "uniformly drawn rows of its training split")
     data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("rcsl", cfg, data)
     agent = RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(run.device), data.action_low,

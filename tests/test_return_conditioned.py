@@ -463,3 +463,13 @@ def test_return_conditioning_refuses_scaled_rewards(tmp_path, algo, flag):
     result = run_cli(PYTHON, "-m", f"algos.{algo}", *flag, "--run.out-dir", str(tmp_path), check=False)
     assert result.returncode == 1 and f"drop {flag[0]}" in result.stderr and "Traceback" not in result.stderr
     assert not any(tmp_path.iterdir())  # no run folder
+
+
+@pytest.mark.parametrize("algo", ["dt", "rcsl", "mbrcsl"])
+def test_return_conditioning_refuses_return_weighted_sampling(tmp_path, algo):
+    """Their batches do not come from the weighted transition buffer: the option would be ignored while the run
+    record said it was applied. Refused, before any work."""
+    result = run_cli(PYTHON, "-m", f"algos.{algo}", "--data.sampling", "return-weighted", "--run.out-dir",
+                     str(tmp_path), check=False)
+    assert result.returncode == 1 and "--data.sampling return-weighted weights: drop that option" in result.stderr
+    assert "Traceback" not in result.stderr and not any(tmp_path.iterdir())

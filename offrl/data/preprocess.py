@@ -125,6 +125,14 @@ def refuse_reward_transform(data_cfg, algo: str) -> None:
                          f"subtracts while acting are the env's): drop {', '.join(flags)}")
 
 
+def refuse_weighted_sampling(data_cfg, algo: str, how: str) -> None:
+    """`--data.sampling return-weighted` weights the rows of `TrainingData.buffer()`; an algorithm that
+    draws its batches another way (`how`) would ignore it while its run record said it was applied."""
+    if data_cfg.sampling != "uniform":
+        raise OffrlError(f"{algo} draws its batches as {how}, not from the transition buffer that "
+                         f"--data.sampling {data_cfg.sampling} weights: drop that option")
+
+
 def apply(dataset: Dataset, cfg, action_low: np.ndarray | None = None, action_high: np.ndarray | None = None,
           max_episode_steps: int | None = None) -> tuple[Dataset, Preprocessing]:
     """Apply the `DataConfig` options in a fixed order: action clip, reward scaling, state normalization.
