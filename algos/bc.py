@@ -99,7 +99,7 @@ def kept(data: TrainingData) -> dict:
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, select=selection(cfg), seed=cfg.seed)
     run = Run("bc", cfg, data)
-    buffer = data.buffer(run.device, seed=cfg.seed)
+    buffer = data.buffer(run.device, seed=cfg.seed, reads_next_observations=False)
     agent = BC(cfg, data, run.device)
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):
@@ -115,6 +115,8 @@ class BCSeeds(SeedAgents):
     """The seeds of `--seeds` as one batched BC (offrl/multiseed.py): seed i draws its batches with a generator
     seeded as its single-seed run's; every seed steps at once (a CUDA graph on CUDA). --frac selects the same
     episodes for every seed."""
+
+    READS_NEXT_OBSERVATIONS = False
 
     def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
         super().__init__(cfgs, data, device, lambda c: BC(c, data, device), ("actor",), ("optimizer",))

@@ -177,10 +177,13 @@ class SeedAgents:
     build them, stacked into one `SeedBatch`, a sampler per seed over one shared buffer, one checkpoint state
     per seed and one batched policy. Subclasses add the gradient step and `update()`."""
 
+    READS_NEXT_OBSERVATIONS = True  # TrainingData.buffer's check; BC's update does not read s'
+
     def __init__(self, cfgs: list, data: Any, device: torch.device, build: Callable[[Any], Any],
                  modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = ()):
         self.cfg = cfgs[0]
-        self.samplers = SeedSamplers(data.buffer(device, seed=cfgs[0].seed), [c.seed for c in cfgs])
+        buffer = data.buffer(device, seed=cfgs[0].seed, reads_next_observations=self.READS_NEXT_OBSERVATIONS)
+        self.samplers = SeedSamplers(buffer, [c.seed for c in cfgs])
         self.agents = build_seeded(build, cfgs)
         self.batch = SeedBatch(self.agents, modules, optimizers, schedulers)
         self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]

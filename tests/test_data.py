@@ -238,6 +238,26 @@ def test_d4rl_rows_as_recorded_for_sequence_models(tmp_path):
     assert not load_dataset(path).metadata.get("rows")  # others keep qlearning_dataset's transitions
 
 
+def test_recorded_d4rl_trajectories_without_next_states_are_refused_where_s_prime_is_read(tmp_path):
+    """Each episode's last row has s' = s there: a Q-learner's buffer refuses it (it would bootstrap Q(s) from
+    V(s) on time-out rows), BC's does not, and a dynamics model leaves those rows out."""
+    from offrl.data import TrainingData, preprocess
+    from world_models.train import model_rows
+
+    ds = load_dataset(write_hdf5(tmp_path / "hopper-test-v2.hdf5", **d4rl_arrays()), d4rl_trajectories=True)
+    data = TrainingData(ds, preprocess.Preprocessing(), 2, 1, -np.ones(1, np.float32), np.ones(1, np.float32))
+    with pytest.raises(DatasetError, match="drop --data.d4rl-trajectories"):
+        data.buffer("cpu", seed=0)
+    assert len(data.buffer("cpu", seed=0, reads_next_observations=False)) == 10
+    assert model_rows(ds).tolist() == [0, 1, 2, 4, 5, 7, 8]  # not the last rows 3, 6 and 9 of the episodes
+    arrays = d4rl_arrays()
+    arrays["next_observations"] = arrays["observations"] + 0.5  # recorded: every s' is known
+    known = load_dataset(write_hdf5(tmp_path / "walker2d-x-v2.hdf5", **arrays), env_id="Walker2d-v5",
+                         d4rl_trajectories=True)
+    known_data = TrainingData(known, preprocess.Preprocessing(), 2, 1, -np.ones(1, np.float32), np.ones(1, np.float32))
+    assert len(known_data.buffer("cpu", seed=0)) == 10 and model_rows(known) == slice(None)
+
+
 # ----------------------------------------------------------------------------------- npz format
 def small_dataset(n=12):
     rng = np.random.default_rng(0)

@@ -336,8 +336,9 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
     the row after a final row as step 1, as after a terminal), and the final row keeps its
     action and reward. s' is next_observations[i] when the file has it, else observations[i+1] inside
     an episode; for an episode's last row in a file without next_observations it is unknown and set
-    to s itself (sequence models do not read s'). A trailing unfinished episode is kept as cut (DT's
-    script drops it).
+    to s itself (sequence models do not read s'; metadata "next_observations" then says so, and the
+    transition buffer of an algorithm that reads s' refuses such data). A trailing unfinished episode is
+    kept as cut (DT's script drops it).
     """
     import h5py
 
@@ -370,6 +371,8 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
         dataset = _recorded_trajectories(obs, actions, rewards, next_obs, terminals, timeouts, has_next)
         dataset.metadata = _file_metadata(path, attrs, env_id, fmt="d4rl-hdf5")
         dataset.metadata["rows"] = "trajectories"
+        if not has_next:  # each episode's last row has s' = s (TrainingData.buffer and model_rows read this)
+            dataset.metadata["next_observations"] = UNKNOWN_AT_EPISODE_ENDS
         return dataset.validate(source)
 
     keep = np.arange(n - 1)
@@ -403,6 +406,11 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
         # (world_models.train.model_rows leaves those rows out)
         dataset.metadata["next_observations"] = "next row"
     return dataset.validate(source)
+
+
+UNKNOWN_AT_EPISODE_ENDS = "unknown at episode ends"
+"""metadata["next_observations"] of recorded D4RL trajectories without next_observations: s' = s on each
+episode's last row."""
 
 
 def final_rows_by_step_count(terminals: np.ndarray, max_episode_steps: int) -> np.ndarray:
