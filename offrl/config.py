@@ -38,7 +38,8 @@ class DataConfig:
     """Compute the normalization statistics over observations and next_observations together (RIQL)."""
     normalize_reward: bool = False
     """IQL's return-range scaling: r <- r * 1000 / (max episode return - min episode return), over the episodes
-    that ended (terminated or at the env's step limit), not pieces the data cut short (as CORL)."""
+    that ended (terminated or at the env's step limit), not pieces the data cut short (as CORL, whose
+    "episodes" are 1000-row chunks of qlearning_dataset's rows: offrl.data.preprocess.return_range_factor)."""
     reward_scale: float = 1.0
     """Multiply rewards by this (after return-range scaling)."""
     reward_bias: float = 0.0

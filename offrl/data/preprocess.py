@@ -39,7 +39,10 @@ def ended_episodes(dataset: Dataset, max_episode_steps: int | None) -> np.ndarra
 def return_range_factor(dataset: Dataset, max_episode_steps: int | None = None) -> float:
     """1000 / (max episode return - min episode return), official IQL's locomotion scaling, over the episodes
     that ended (`ended_episodes`): a piece the data cut short does not set the range. Official IQL counts a
-    D4RL file's trailing piece, CORL does not; D4RL has at most that one."""
+    D4RL file's trailing piece, CORL does not; D4RL has at most that one. CORL's `return_reward_range` ends
+    an "episode" at a terminal or after 1000 rows of qlearning_dataset's output (whose timed-out episodes
+    have 999 rows, so its units straddle episodes) and scales by max_episode_steps rather than 1000; here
+    the episodes are the data's own, as in official IQL."""
     returns = dataset.episode_returns()[ended_episodes(dataset, max_episode_steps)]
     spread = float(returns.max() - returns.min())
     if spread <= 0:

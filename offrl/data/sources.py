@@ -327,8 +327,13 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
       reset to 0 at a final row, and at a terminal row reset to 0 and then incremented like every
       kept row, so the row after a terminal counts as step 1;
     - terminals pass through as the no-bootstrap flag.
-    Episodes split after terminals and dropped timeout rows; their last kept row gets timeout = 1
-    when they did not terminate (so they are bootstrapped, as D4RL does by never marking them done).
+    Episodes split after terminals and dropped timeout rows, and, in a file with next_observations, where
+    the next row's s is not this row's s' (D4RL's loop never splits there: s' is always the next row's s);
+    their last kept row gets timeout = 1 when they did not terminate (so they are bootstrapped, as D4RL does
+    by never marking them done). Episode boundaries matter for the return range, %BC and return weighting.
+    `load_dataset` leaves `max_episode_steps` at 1000, the locomotion envs' limit; D4RL reads the env's
+    own (`env._max_episode_steps`), so a file without timeouts from an env of another limit needs this
+    function called with it.
 
     `trajectories=True` (sequence models: DT, RCSL) reads the file as recorded instead, as the DT and
     RvS references do (`download_d4rl_datasets.py`): every row is kept, an episode ends at a terminal
