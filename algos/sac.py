@@ -18,7 +18,9 @@ is cleanrl's (SB3: 100). Where the references differ: cleanrl runs critic and al
 twice every second step; log-std is clamped to [-5, 2] (cleanrl squashes it into that range smoothly,
 SB3 and SpinningUp clamp at -20); log pi is that of the env's action (with -sum log(action scale), as
 cleanrl; SB3's is in the unit box), so the target entropy -|A| is in env units: the same for the suite's
-[-1, 1] boxes, another target on other boxes.
+[-1, 1] boxes, another target on other boxes. The temperature loss multiplies log alpha itself and reuses
+the actor step's log-probs (SB3, softlearning, OfflineRL-Kit); cleanrl multiplies alpha, so its gradient is
+alpha times this one, and samples fresh log-probs after the actor step.
 
 Every `actor_every` env steps the actor's weights are written to `<run>/actors/actor_<step>.pt`
 (format in `offrl.policies`): the dataset suite rolls out that sequence to rebuild medium-replay.
