@@ -95,6 +95,11 @@ class Config(TrainConfig):
     """HL-Gauss: sigma as a multiple of the bin width."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
 
+    @property
+    def schedule_spans_steps(self) -> bool:
+        """The actor's cosine runs over --steps, so a resume may not change them (offrl.run)."""
+        return self.cosine_actor_lr
+
 
 class IQL(Stateful):
     STATE = ("actor", "value", "critic", "critic_target", "value_opt", "actor_critic_opt", "actor_schedule", "normalizer")

@@ -408,7 +408,8 @@ def train(cfg: Config) -> dict:
         return summary
 
     slot = RCSLSlot(build_rcsl)
-    state = {"behaviour": behaviour, "rollouts": collector, "agent": slot}
+    # the dynamics model too: a resume during the rollouts uses the model the run started with
+    state = {"behaviour": behaviour, "rollouts": collector, "agent": slot, "dynamics_model": model}
     print(f"mbrcsl: threshold {threshold:.2f}, horizon {horizon}, rollouts of {cfg.rollout_batch} until "
           f"{cfg.num_trajectories} kept (at most {cfg.max_rollout_epochs} epochs), model {model_file}", file=sys.stderr)
     step = run.start_step
@@ -429,8 +430,9 @@ def train(cfg: Config) -> dict:
             collect_rollouts(step - 1)
             slot.agent = build_rcsl()
         agent = slot.agent  # phase 3: RCSL on the kept rollouts
-        if agent.checks_without_improvement >= agent.cfg.patience:
-            break  # early-stopped before a resume
+        if agent.stopped:  # the checkpoint resumed was written at the early stop: nothing more to train
+            step -= 1
+            break
         if rcsl.run_step(run, agent, step, step - behaviour_steps, state):
             break
     agent = slot.agent

@@ -71,6 +71,11 @@ class Config(ModelBasedConfig):
     real_ratio: Optional[float] = None
     """Fraction of each batch drawn from the dataset (default: the dataset's entry, else 0.05)."""
 
+    @property
+    def schedule_spans_steps(self) -> bool:
+        """The actor's cosine runs over --steps, so a resume may not change them (offrl.run)."""
+        return True
+
 
 class MOBILE(SACAgent):
     """SAC's networks and optimizers (`offrl.sac`) with MOBILE's update and a cosine actor schedule."""

@@ -208,7 +208,12 @@ class RCSL:
             self.best_state = copy.deepcopy(self.policy.net.state_dict())
         else:
             self.checks_without_improvement += 1
-        return self.checks_without_improvement >= self.cfg.patience
+        return self.stopped
+
+    @property
+    def stopped(self) -> bool:
+        """Early stopping has ended training (also true of a checkpoint written at that check)."""
+        return len(self.holdout) > 0 and self.checks_without_improvement >= self.cfg.patience
 
     @property
     def best_holdout_loss(self) -> float | None:
@@ -308,6 +313,9 @@ def train(cfg: Config) -> dict:
     state = {"agent": agent}
     step = run.start_step
     for step in run.steps(state):
+        if agent.stopped:  # the checkpoint resumed was written at the early stop: nothing more to train
+            step -= 1
+            break
         if run_step(run, agent, step, step, state):
             break
     per_target = {}

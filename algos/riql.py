@@ -97,6 +97,11 @@ class Config(TrainConfig):
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000))
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_stats_with_next=True))
 
+    @property
+    def schedule_spans_steps(self) -> bool:
+        """The actor's cosine runs over --steps, so a resume may not change them (offrl.run)."""
+        return self.cosine_actor_lr
+
 
 class RIQL(Stateful):
     STATE = ("actor", "value", "critic", "critic_target", "optimizer", "schedule", "normalizer")

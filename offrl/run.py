@@ -42,7 +42,8 @@ from offrl.logging import Logger, Progress, truncate_metrics
 from offrl.nets import gradient_step, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
-# they do not change what is trained. run.precision is not among them: it changes the numbers.
+# they do not change what is trained. run.precision is not among them: it changes the numbers. steps is,
+# except for a config whose `schedule_spans_steps` is true (a learning-rate schedule over --steps).
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
                      "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal")
 # The algorithms whose update reads --run.compile; the others take the option and would ignore it.
@@ -233,10 +234,18 @@ class Run:
         return max(p.stat().st_mtime for p in (last, ckpt.previous_path(last)) if p.exists())
 
     def _check_same_config(self, state: dict) -> None:
-        changed = config_changes(json.loads(state.get("config", "{}")), self.config, default_config(type(self.cfg)))
+        saved = json.loads(state.get("config", "{}"))
+        changed = config_changes(saved, self.config, default_config(type(self.cfg)))
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
+        # --steps may change on a resume, but not where a learning-rate schedule spans them: a LambdaLR keeps
+        # its step count, not its lambda, so the rate would jump to the new schedule's value at once
+        if getattr(self.cfg, "schedule_spans_steps", False) and saved.get("steps") not in (None, self.cfg.steps):
+            raise CheckpointError(f"checkpoint {self.resume_from}: this run's learning-rate schedule spans its "
+                                  f"{saved['steps']} steps; resuming with --steps {self.cfg.steps} would change the "
+                                  f"schedule mid-run. Resume with --steps {saved['steps']}, or start a new run "
+                                  "(for IQL and RIQL, --no-cosine-actor-lr keeps the rate constant)")
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:

@@ -40,15 +40,23 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
 
 def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
     """Stopped after 100 steps and continued to 200, as one 200-step run (MOPO has no schedule that depends
-    on --steps; MOBILE's cosine actor schedule does, so its runs resume exactly only with the same --steps)."""
+    on --steps; MOBILE's cosine actor schedule does, so its runs resume only with the same --steps), even when
+    the cached dynamics model changed in between."""
     args = ["--eval.every", "0", *FAST]
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "straight"))
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "100", *args, "--run.out-dir", str(tmp_path / "split"))
-    run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "split"),
-            "--resume", "latest")
     import torch
 
     from offrl import checkpoint as ckpt
+
+    # the cached model made again meanwhile (e.g. on another device): the resumed run keeps the model it started
+    # with, which its checkpoint holds
+    (model_file,) = model_cache.glob("*/model.pt")
+    cached = ckpt.load(model_file)
+    cached["model"] = {k: v + 0.1 if v.is_floating_point() else v for k, v in cached["model"].items()}
+    ckpt.save(model_file, cached)
+    run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "split"),
+            "--resume", "latest")
 
     volatile = {"time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir"}
     runs = [next((tmp_path / name).glob("mopo/*/*")) for name in ("straight", "split")]

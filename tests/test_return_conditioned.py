@@ -456,6 +456,23 @@ def test_dt_reference_init_and_decay_options(tiny):
         torch.testing.assert_close(p, c, rtol=1e-6, atol=1e-7)
 
 
+def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_path):
+    """Early stopping writes a checkpoint, then the final evaluation and final.json follow; a process killed in
+    between is resumed to the same stop (the same step, best hold-out loss and weights), not trained past it."""
+    args = ["--steps", "3000", "--hidden", "32", "--holdout-every", "20", "--patience", "1", "--eval.episodes", "2",
+            "--eval.every", "0", "--log.wandb", "disabled", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.rcsl", *args)
+    (run_dir,) = [p for p in tmp_path.glob("rcsl/*/*") if p.is_dir()]
+    first = json.loads((run_dir / "final.json").read_text())
+    assert first["stopped_at_step"] < 3000  # it did stop early
+    (run_dir / "final.json").unlink()  # as if killed before writing it
+    resumed = run_cli(PYTHON, "-m", "algos.rcsl", *args, "--resume", "latest")
+    assert f"at step {first['stopped_at_step']}" in resumed.stderr
+    again = json.loads((run_dir / "final.json").read_text())
+    assert (again["stopped_at_step"], again["best_holdout_loss"]) == (first["stopped_at_step"], first["best_holdout_loss"])
+    assert again["eval/normalized_score"] == first["eval/normalized_score"]
+
+
 @pytest.mark.parametrize("algo, flag", [("dt", ["--data.normalize-reward"]), ("rcsl", ["--data.reward-scale", "0.1"]),
                                         ("rcsl", ["--data.reward-bias", "-1"])])
 def test_return_conditioning_refuses_scaled_rewards(tmp_path, algo, flag):

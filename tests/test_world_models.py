@@ -171,6 +171,22 @@ def test_a_stopped_training_resumes_to_the_same_model(tmp_path):
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_stopped_training_resumes_on_cuda(tmp_path):
+    """world_models.train loads the training state with map_location=device: its numpy parts come back from the GPU."""
+    from offrl import checkpoint as ckpt
+
+    inputs, targets = linear_system(n=300)
+    cfg = EnsembleConfig(**SMALL, max_epochs=4)
+    trainer = EnsembleTrainer(DynamicsEnsemble(3, 2, cfg).cuda(), inputs, targets, seed=1)
+    trainer.train_epoch()
+    ckpt.save(tmp_path / "training.pt", trainer.state_dict())
+    again = EnsembleTrainer(DynamicsEnsemble(3, 2, cfg).cuda(), inputs, targets, seed=99)
+    again.load_state_dict(ckpt.load(tmp_path / "training.pt", map_location="cuda"))
+    assert again.epoch == 1 and (again.train_rows == trainer.train_rows).all()
+    fit(again.model, inputs, targets, trainer=again)
+
+
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "InvertedPendulum-v5",
                                     "Hopper-v4", "Walker2d-v4", "offrl.envs:offrl/D4RLAnt-v4"])
 def test_termination_functions_agree_with_the_real_env(env_id):

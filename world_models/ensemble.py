@@ -267,10 +267,11 @@ class EnsembleTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.snapshot = {k: v.clone() for k, v in state["snapshot"].items()}
-        self.best = state["best"].numpy().copy()
+        # .cpu(): a checkpoint loaded with map_location=cuda puts these on the GPU
+        self.best = state["best"].cpu().numpy().copy()
         self.epoch, self.epochs_without_improvement = int(state["epoch"]), int(state["epochs_without_improvement"])
-        self.holdout_rows, self.train_rows = state["holdout_rows"].numpy(), state["train_rows"].numpy()
-        self.bootstrap = state["bootstrap"].numpy()
+        self.holdout_rows, self.train_rows = state["holdout_rows"].cpu().numpy(), state["train_rows"].cpu().numpy()
+        self.bootstrap = state["bootstrap"].cpu().numpy()
         bit = self.rng.bit_generator.state
         bit["state"] = {"state": int(state["rng"]), "inc": int(state["rng_inc"])}
         self.rng.bit_generator.state = bit

@@ -181,7 +181,10 @@ class ModelData:
         return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), model_file
 
     def objects(self) -> dict:
-        return {"real": self.real, "model_buffer": self.fake, "starts": self.starts, "rollout_rng": self.rng}
+        """The checkpointed state. The dynamics model is in it too: a resume then rolls out the model the run
+        started with, even when the cache entry or --model-path file was trained again meanwhile."""
+        return {"real": self.real, "model_buffer": self.fake, "starts": self.starts, "rollout_rng": self.rng,
+                "dynamics_model": self.model}
 
     def rollout(self, policy: Callable[[torch.Tensor], torch.Tensor],
                 penalty: Callable[[Step, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
