@@ -42,8 +42,9 @@ from offrl.logging import Logger, Progress, truncate_metrics
 from offrl.nets import gradient_step, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
-# they do not change what is trained. run.precision is not among them: it changes the numbers. steps is,
-# except for a config whose `schedule_spans_steps` is true (a learning-rate schedule over --steps).
+# they do not change what is trained. run.precision is not among them: it changes the numbers. Where a
+# learning-rate schedule spans --steps (a config's `schedule_spans_steps`), a new budget changes the schedule
+# from the resume on: allowed (RELIABILITY.md), with a warning.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
                      "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal")
 # The algorithms whose update reads --run.compile; the others take the option and would ignore it.
@@ -239,13 +240,12 @@ class Run:
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
-        # --steps may change on a resume, but not where a learning-rate schedule spans them: a LambdaLR keeps
-        # its step count, not its lambda, so the rate would jump to the new schedule's value at once
+        # allowed (RELIABILITY.md), but said: a LambdaLR keeps its step count, not its lambda, so the rate
+        # jumps to the new schedule's value at once
         if getattr(self.cfg, "schedule_spans_steps", False) and saved.get("steps") not in (None, self.cfg.steps):
-            raise CheckpointError(f"checkpoint {self.resume_from}: this run's learning-rate schedule spans its "
-                                  f"{saved['steps']} steps; resuming with --steps {self.cfg.steps} would change the "
-                                  f"schedule mid-run. Resume with --steps {saved['steps']}, or start a new run "
-                                  "(for IQL and RIQL, --no-cosine-actor-lr keeps the rate constant)")
+            print(f"warning: this run's learning-rate schedule spans its --steps; resumed with --steps "
+                  f"{self.cfg.steps} instead of {saved['steps']}, it follows the new budget from here on (the rate "
+                  "jumps to that schedule's value now)", file=sys.stderr)
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:
