@@ -97,7 +97,7 @@ class Config(TrainConfig):
 
     @property
     def schedule_spans_steps(self) -> bool:
-        """The actor's cosine runs over --steps: a resume with other --steps follows the new budget (offrl.run warns)."""
+        """The actor's cosine spans --steps: a resume with other --steps follows the new budget (offrl.run warns)."""
         return self.cosine_actor_lr
 
 

@@ -73,7 +73,7 @@ class Config(ModelBasedConfig):
 
     @property
     def schedule_spans_steps(self) -> bool:
-        """The actor's cosine runs over --steps: a resume with other --steps follows the new budget (offrl.run warns)."""
+        """The actor's cosine spans --steps: a resume with other --steps follows the new budget (offrl.run warns)."""
         return True
 
 
