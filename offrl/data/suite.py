@@ -184,7 +184,8 @@ def rollout(env, policy: Callable[[np.ndarray], np.ndarray], seed: int, max_step
 # ------------------------------------------------------------------------- the D4RL-style suite
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 LEVEL_SEEDS = {"random": 1_000_000, "medium": 2_000_000, "medium-replay": 3_000_000, "expert": 4_000_000}
-REF_SEED = 123  # reference-score episodes reset with 123, 124, ... (Minari's convention)
+REF_SEED = 123  # reference-score episodes reset with 123, 124, ... (Minari seeds its first reset with 123 and
+# leaves the later ones unseeded: the same statistics, not the same episodes)
 REF_EPISODES = 100
 DATASET_SIZE = 1_000_000
 
