@@ -145,8 +145,9 @@ def test_d4rl_files_evaluate_on_the_envs_d4rl_recorded(tmp_path, name, obs_dim, 
     assert env.spec.max_episode_steps == 1000 and "-v4" in ds.metadata["env_id"]
     obs, _ = env.reset(seed=0)
     for _ in range(20):
-        obs, *_ = env.step(env.action_space.sample())
-    assert obs.shape == (obs_dim,) and not done(torch.as_tensor(obs[None], dtype=torch.float32)).item()
+        obs, _, terminated, _, _ = env.step(np.zeros(act_dim))
+        assert done(torch.as_tensor(obs[None], dtype=torch.float32)).item() == terminated
+    assert obs.shape == (obs_dim,)
     model = env.unwrapped.model
     if name == "walker2d":
         assert [model.geom("foot_geom").friction[0], model.geom("foot_left_geom").friction[0]] == [0.9, 1.9]

@@ -30,7 +30,7 @@ import torch
 from offrl import checkpoint as ckpt
 from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
-from offrl.data.sources import UNKNOWN_AT_EPISODE_ENDS
+from offrl.data.sources import NEXT_ROW, UNKNOWN_AT_EPISODE_ENDS
 from offrl.errors import CheckpointError, OffrlError
 from offrl.nets import warn_if_emulated_bf16
 from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, fit, transitions_to_training
@@ -100,7 +100,7 @@ def model_rows(dataset: Dataset) -> np.ndarray | slice:
     s' is then the next episode's first state, are left out, as OfflineRL-Kit's qlearning_dataset leaves them
     out. (The Q-learners keep them: their targets do not read s' there.) Recorded D4RL trajectories without
     next_observations (UNKNOWN_AT_EPISODE_ENDS) leave out each episode's last row, whose s' is s itself."""
-    if dataset.metadata.get("next_observations") == "next row":
+    if dataset.metadata.get("next_observations") == NEXT_ROW:
         return np.flatnonzero(dataset.terminals == 0)
     if dataset.metadata.get("next_observations") == UNKNOWN_AT_EPISODE_ENDS:
         last = np.zeros(len(dataset), dtype=bool)
@@ -119,9 +119,10 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
     if model_path is not None:
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
     checksum = dataset.metadata.get("checksum") or dataset.checksum()
-    # a model trained without the next-row terminals gets its own cache entry, apart from any trained on them
-    rows_key = checksum if isinstance(model_rows(dataset), slice) else f"{checksum}-nonterminal" if (
-        dataset.metadata.get("next_observations") == "next row") else f"{checksum}-without-episode-ends"
+    # a model trained without some rows gets its own cache entry, apart from any trained on them
+    left_out = {NEXT_ROW: "nonterminal", UNKNOWN_AT_EPISODE_ENDS: "without-episode-ends"}
+    rows = model_rows(dataset)
+    rows_key = checksum if isinstance(rows, slice) else f"{checksum}-{left_out[dataset.metadata['next_observations']]}"
     folder = Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
     # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
     # wait for it and reuse its model instead of training the same one again.

@@ -315,6 +315,12 @@ def _env_spec_id(spec: Any) -> str | None:
 # ------------------------------------------------------------------------------------- D4RL hdf5
 D4RL_REQUIRED = ("observations", "actions", "rewards", "terminals")
 
+NEXT_ROW = "next row"
+"""metadata["next_observations"] of D4RL transitions without next_observations: s' is the next row's s."""
+UNKNOWN_AT_EPISODE_ENDS = "unknown at episode ends"
+"""metadata["next_observations"] of recorded D4RL trajectories without next_observations: s' = s on each
+episode's last row."""
+
 
 def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int = 1000,
                    trajectories: bool = False) -> Dataset:
@@ -409,13 +415,8 @@ def load_d4rl_hdf5(path: Path, env_id: str | None = None, max_episode_steps: int
         # s' is the next row's s, as D4RL's qlearning_dataset makes it: on a terminal row that is the next
         # episode's first state, which a Q target ignores (1 - d = 0) but a dynamics model would learn from
         # (world_models.train.model_rows leaves those rows out)
-        dataset.metadata["next_observations"] = "next row"
+        dataset.metadata["next_observations"] = NEXT_ROW
     return dataset.validate(source)
-
-
-UNKNOWN_AT_EPISODE_ENDS = "unknown at episode ends"
-"""metadata["next_observations"] of recorded D4RL trajectories without next_observations: s' = s on each
-episode's last row."""
 
 
 def final_rows_by_step_count(terminals: np.ndarray, max_episode_steps: int) -> np.ndarray:
