@@ -9,6 +9,9 @@
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
 #   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: runs by state, steps and core-hours left
+#                                  (give it the grid's own BF16/COMPILE and budgets: they name the run folders)
+#   OTHER_DATA=1 ...                                     # run on datasets this machine made with other bytes than
+#                                                        # the committed reference (refused otherwise)
 #
 # Budget classes, one benchmarks.sweep each, sized for a 2-core CPU with AVX-512 (2 one-thread runs at a
 # time, --spread-threads at each sweep's tail) to finish in about 3 days. ms/update at 1 thread in fp32 from
@@ -175,6 +178,23 @@ failed_sweeps=()
 
 # 1. datasets (each made once; a made one is skipped)
 [ "$status" = 1 ] || for ds in "${datasets[@]}"; do run python -m offrl.cli datasets make "$ds"; done
+# ... and the same bytes as the committed reference: a dataset this CPU does not regenerate exactly (README,
+# "The offrl dataset suite") would put runs on other data beside the reference's in one row. OTHER_DATA=1 runs
+# them anyway; the table then names the data each such row trained on.
+if [ "$status" != 1 ] && [ "$dry" != 1 ] && [ "${OTHER_DATA:-0}" != 1 ]; then
+  python - "${datasets[@]}" <<'PY' || exit 2
+import sys
+from offrl.data import suite
+bad = [(d, suite.differs_from_reference(d)) for d in sys.argv[1:]]
+bad = [(d, sums) for d, sums in bad if sums]
+for d, (local, ref) in bad:
+    print(f"{d}: made here with checksum {local}, the committed reference is {ref}", file=sys.stderr)
+if bad:
+    print("this machine does not regenerate these datasets exactly: leave them out of DATASETS and run them where "
+          "they match, or set OTHER_DATA=1 to run on these bytes (the table names them)", file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+fi
 
 # 2. one dynamics model per dataset for MOPO/MOBILE/RAVL, JOBS at a time (cached; reused by every run)
 if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then

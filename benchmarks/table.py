@@ -66,6 +66,8 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     times = [r["time"] for r in rows if "time" in r]
     config = json.loads((run_dir / "config.json").read_text())
     env = json.loads((run_dir / "environment.json").read_text())
+    data_record = run_dir / "dataset.json"  # the checksum of the data the run trained on (offrl.run)
+    data_checksum = json.loads(data_record.read_text()).get("checksum") if data_record.exists() else None
     final_score, episodes = final.get(metric), config["eval"]["episodes"]
     wall = final.get("wall_seconds")
     if "resumes" not in final and env.get("resumes"):
@@ -79,7 +81,7 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
             "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
-            "curve": sorted(curve.items()), "finished": max(times, default=None)}
+            "curve": sorted(curve.items()), "finished": max(times, default=None), "data_checksum": data_checksum}
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
@@ -197,6 +199,22 @@ def aggregate_scores(groups: dict) -> dict[str, dict]:
     return out
 
 
+def differing_data(groups: dict) -> dict[str, dict]:
+    """{dataset id: {"reference": checksum or None, "checksums": {checksum: [row labels]}}} for the dataset ids
+    whose runs trained on data of more than one checksum (e.g. a suite dataset that a CPU did not regenerate
+    bit for bit); the reference is offrl's committed checksum of a suite dataset."""
+    by_dataset: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for (label, dataset), rs in groups.items():
+        for r in rs:
+            by_dataset[dataset][r.get("data_checksum") or "unrecorded"].add(label)
+    from offrl.data.suite import reference_checksums
+
+    references = reference_checksums()
+    return {dataset: {"reference": references.get(dataset),
+                      "checksums": {c: sorted(labels) for c, labels in sorted(sums.items())}}
+            for dataset, sums in sorted(by_dataset.items()) if len(sums) > 1}
+
+
 def hardware_of(groups: dict, runs: list[dict]) -> str:
     # machine description -> row label -> the datasets that label ran there
     machines: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -268,6 +286,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
            "rows": [], "aggregates": []}
     if diverged:  # the key only where there are some: tables made before it regenerate byte for byte
         out["diverged"] = diverged
+    differing = differing_data(groups)
+    if differing:  # the key only where needed: tables made before it regenerate byte for byte
+        out["differing_data"] = differing
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rs = _by_seed(rs)
         final = np.array([r["final"] for r in rs], dtype=np.float64)
@@ -281,6 +302,8 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
+        if dataset in differing:
+            row["data_checksums"] = sorted({r.get("data_checksum") or "unrecorded" for r in rs})
         diverged_seeds = [d["seed"] for d in diverged if d["variant"] == rs[0].get("variant", label) and d["dataset"] == dataset]
         if diverged_seeds:
             row["diverged_seeds"] = diverged_seeds
@@ -383,9 +406,12 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
         hours = "n/a" if row["hours_per_run"] is None else f"{row['hours_per_run']:.2f}" + (
             "" if row["runs_with_wall_time"] == row["n"] else f" ({row['runs_with_wall_time']} of {row['n']} runs)")
         seeds = f"{row['n']}" + (f" (+{len(row['diverged_seeds'])} diverged)" if row.get("diverged_seeds") else "")
-        lines.append(f"| {row['variant']} | {row['dataset']} | {seeds} | {steps_cell(row)} | "
+        dataset = row["dataset"] + (f" (data {', '.join(c[:8] for c in row['data_checksums'])})"
+                                    if "data_checksums" in row else "")
+        lines.append(f"| {row['variant']} | {dataset} | {seeds} | {steps_cell(row)} | "
                      f"{'/'.join(row['precision'])} | {final['mean']:.1f} ± {final['std']:.1f} | "
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
+    lines += differing_data_section(summary.get("differing_data", {}))
     lines += diverged_section(summary.get("diverged", []))
     lines += ["", "## Aggregate over datasets", "",
               "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
@@ -411,6 +437,24 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
             lines += [f"![{caption}]({link})", ""]
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def differing_data_section(differing: dict[str, dict]) -> list[str]:
+    """Markdown lines naming, per dataset id whose runs trained on different data, which rows used which."""
+    if not differing:
+        return []
+    lines = ["", "## Rows on different data of one dataset id", "",
+             "These dataset ids were made on more than one machine with different bytes (the suite's generation is "
+             "not bit-exact on every CPU: README, \"The offrl dataset suite\"); the same recipe and policies, "
+             "another draw of its episodes, so rows on them compare only as runs on two samples of one dataset "
+             "do. Their dataset cells above name the first 8 digits of the checksum each row trained on.", ""]
+    for dataset, entry in differing.items():
+        parts = []
+        for checksum, labels in entry["checksums"].items():
+            note = " (the committed reference)" if checksum == entry["reference"] else ""
+            parts.append(f"`{checksum}`{note}: {', '.join(labels)}")
+        lines.append(f"- {dataset}: " + "; ".join(parts) + ".")
+    return lines
 
 
 def diverged_section(diverged: list[dict]) -> list[str]:

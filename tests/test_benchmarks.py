@@ -325,6 +325,29 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
         table.main([str(copy), "--reps", "200"])
 
 
+def test_rows_on_different_data_of_one_dataset_id_are_named(sweeps, tmp_path):
+    """A dataset id whose runs trained on data of different checksums (a suite dataset another CPU did not
+    regenerate bit for bit): the rows' dataset cells name their checksums and a section says which rows used
+    which; with one checksum per id the table says nothing of it."""
+    import shutil
+
+    copy = tmp_path / "local"
+    shutil.copytree(sweeps["root"] / "local", copy)
+    plain = table.main([str(copy), "--reps", "200"])
+    assert "## Rows on different data" not in plain and "(data " not in plain
+    record = copy / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep" / "dataset.json"
+    saved = json.loads(record.read_text())
+    record.write_text(json.dumps({**saved, "checksum": "0123456789abcdef"}))
+    text = table.main([str(copy), "--reps", "200"])
+    original = saved["checksum"]
+    first, second = sorted([original, "0123456789abcdef"])
+    assert f"| bc | offrl/tiny-v0 (data {first[:8]}, {second[:8]}) | 2 |" in text
+    assert "## Rows on different data of one dataset id" in text
+    assert f"- offrl/tiny-v0: `{first}`" in text and "bc" in text.split("## Rows on different data")[1]
+    summary = table.summarize(table.collect([copy]), "t", None, reps=200)
+    assert summary["differing_data"]["offrl/tiny-v0"]["checksums"] == {first: ["bc"], second: ["bc"]}
+
+
 def test_a_row_stopped_early_says_where_beside_its_budget(sweeps, tmp_path):
     """RCSL stops on its hold-out loss: its final.json's stopped_at_step, not the budget, is what it trained; a
     row whose runs stopped early shows both, and a table without such runs says nothing of it."""

@@ -410,8 +410,9 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
     checksum = write_minari_dataset(dataset_id, made, overwrite=overwrite)
     reference = reference_checksums().get(dataset_id)
     if reference is not None and reference != checksum:
-        # seen on a 2-core Xeon with AMX: halfcheetah medium and medium-expert (the policy's float rounding on
-        # this CPU, over long chaotic episodes); the data are of the same recipe, not the reference's bytes
+        # seen on a 2-core Xeon with AMX: halfcheetah medium and medium-expert, hopper medium-expert (float
+        # differences in the rollouts, over long chaotic episodes); the data are of the same recipe, not the
+        # reference's bytes
         print(f"warning: {dataset_id} made here has checksum {checksum}, the committed reference {reference} "
               f"({reference_checksums_path()}): this machine does not regenerate it exactly (floating-point "
               "differences in the rollouts), so runs on it are not comparable bit for bit with runs on the "
@@ -439,6 +440,16 @@ def stored_info(dataset_id: str) -> dict:
         raise DatasetError(dataset_id, "not on this machine (make it first with `offrl datasets make`)")
     raw = json.loads(path.read_text()).get("offrl")
     return json.loads(raw) if isinstance(raw, str) else (raw or {})
+
+
+def differs_from_reference(dataset_id: str) -> tuple[str, str] | None:
+    """(local checksum, committed reference) when this machine's copy of a suite dataset has other bytes than
+    the reference; None when they match, or when either is missing."""
+    reference = reference_checksums().get(dataset_id)
+    if reference is None or not exists(dataset_id):
+        return None
+    local = stored_info(dataset_id).get("checksum")
+    return (local, reference) if local != reference else None
 
 
 def reference_checksums_path() -> Path:
