@@ -112,9 +112,14 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
 
 def jobs_of(args) -> list[Job]:
     out = Path(args.out_dir) / args.name
+    variants = list(map(parse_variant, args.variant))
+    labels = [label for label, _, _ in variants]
+    if twice := sorted({label for label in labels if labels.count(label) > 1}):
+        # a label names the run folders: the second variant would wait on the first's runs and call them its own
+        raise SystemExit(f"error: --variant label {', '.join(map(repr, twice))} given more than once; each variant "
+                         "needs a label of its own")
     return [Job(label, algo, extra, dataset, seed, args.steps, out)
-            for label, algo, extra in map(parse_variant, args.variant)
-            for dataset in args.datasets for seed in args.seeds]
+            for label, algo, extra in variants for dataset in args.datasets for seed in args.seeds]
 
 
 @dataclass
@@ -210,14 +215,22 @@ def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, objec
 def check_finished_options(jobs: list[Job], common: list[str]) -> None:
     """A finished run made with other options than this sweep asks for would be counted as this sweep's: refuse
     (an unfinished one would be refused by its own resume)."""
-    problems = []
+    problems, stranded = [], []
     for job in jobs:
         if job.done() and (changes := option_changes(job, common)):
             details = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
             problems.append(f"{job.run_dir}: {details}")
+        elif (job.run_dir / "final.json").exists() and not job.done() and not job.has_checkpoint():
+            # e.g. a committed record (no checkpoints): --resume auto would start it afresh in <seed>-sweep-1,
+            # where the sweep does not look, and every later sweep would call the run failed
+            steps = json.loads((job.run_dir / "final.json").read_text()).get("steps")
+            stranded.append(f"{job.run_dir}: finished at {steps} steps, no checkpoint to continue to {job.steps}")
     if problems:
         raise SystemExit(f"error: {len(problems)} finished run(s) were made with other options than this sweep asks "
                          "for (a new --name or --out-dir keeps both):\n  " + "\n  ".join(problems))
+    if stranded:
+        raise SystemExit(f"error: {len(stranded)} run(s) finished with another --steps and have no checkpoint to "
+                         "continue from (a new --name or --out-dir runs them afresh):\n  " + "\n  ".join(stranded))
 
 
 def unfinished(jobs: list[Job]) -> list[Job]:

@@ -467,7 +467,10 @@ class Run:
             "wall_seconds": self.wall_seconds(), "core_seconds": self.core_seconds(), "resumes": self.resumes,
             **(extra or {}),
         }
-        (self.dir / "final.json").write_text(json.dumps(final, indent=2))
+        # atomically: a sweep, its --status and the tables read final.json as the sign of a finished run
+        tmp = self.dir / "final.json.tmp"
+        tmp.write_text(json.dumps(final, indent=2))
+        os.replace(tmp, self.dir / "final.json")
         self.logger.close()
         self._restore_signals()
         self._folder_claim.close()

@@ -924,6 +924,23 @@ def test_a_sweep_refuses_finished_runs_made_with_other_options(tmp_path):
     with pytest.raises(SystemExit, match=r"model.max_epochs: 30 -> 5"):
         sweep.check_finished_options([sweep.Job("mobile", "mobile", ["--model.max-epochs", "5"], "offrl/walker2d/medium-v0",
                                                 0, 100, tmp_path / "m")], [])
+    # finished at another --steps with no checkpoint (a committed record): refused, not started afresh elsewhere
+    longer = sweep.Job("bc", "bc", ["--frac", "0.5"], "offrl/tiny-v0", 0, 200, tmp_path / "s")
+    with pytest.raises(SystemExit, match=r"finished at 100 steps, no checkpoint to continue to 200"):
+        sweep.check_finished_options([longer], made_with)
+    (job.run_dir / "checkpoints").mkdir()
+    (job.run_dir / "checkpoints" / "last.pt").write_text("")
+    sweep.check_finished_options([longer], made_with)  # with a checkpoint the sweep extends it
+
+
+def test_a_sweep_refuses_a_variant_label_given_twice(tmp_path):
+    """A label names the run folders: two variants under one label would share them (the second calling the
+    first's runs its own)."""
+    from benchmarks import sweep
+
+    with pytest.raises(SystemExit, match="--variant label 'a' given more than once"):
+        sweep.main(["--name", "s", "--out-dir", str(tmp_path), "--datasets", "offrl/tiny-v0", "--seeds", "0",
+                    "--steps", "10", "--variant", "a=bc", "--variant", "a=bc --frac 0.5"])
 
 
 def test_a_ray_task_does_not_run_a_run_finished_while_it_waited(tmp_path):
