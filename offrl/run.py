@@ -184,7 +184,10 @@ class Run:
         self.stop_signal: int | None = None
         self._previous_handlers = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            hangup = getattr(signal, "SIGHUP", None)  # a closed terminal; not on Windows
+            for sig in (signal.SIGTERM, signal.SIGINT, hangup):
+                if sig is None or (sig == hangup and signal.getsignal(sig) == signal.SIG_IGN):
+                    continue  # started to ignore hangups (nohup): keep ignoring them
                 self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
         self.progress = Progress(self.total_steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
