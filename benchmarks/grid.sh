@@ -224,7 +224,10 @@ sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.c
 [ "$status" != 1 ] || exit 0
 # 4. the table from every finished run of the grid (whatever slices have run so far). The caption quotes
 # the budgets, not JOBS/ONLY/DATASETS, which do not change what a finished run holds, so the same run
-# folders give the same bytes.
+# folders give the same bytes. It quotes this invocation's BF16/COMPILE/MODEL_* too: run every slice with the
+# grid's own (a sweep refuses finished runs made with other options, except --run.compile, which changes
+# float rounding only). Dynamics models are cached per machine (~/.cache/offrl/models): seeds of one row run
+# on two machines roll out two models trained alike, each run's final.json naming its file.
 canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps MB_SLOW_STEPS=$mb_slow_steps"
 canonical+=" MODEL_EPOCHS=$model_epochs"
 [ "$model_precision" = fp32 ] || canonical+=" MODEL_PRECISION=$model_precision"
