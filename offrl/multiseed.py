@@ -256,8 +256,11 @@ class SeedRuns:
         self.start_step = starts.pop()
         self.device = self.runs[0].device
         self.cfg = cfgs[0]
+        # each Run saved the handler it found, the previous seed's run's for all but the first: the process's
+        # own are the first run's, given back at `finish`
+        self.process_handlers = dict(self.runs[0]._previous_handlers)
         if threading.current_thread() is threading.main_thread():  # one handler stops every seed's run
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in self.process_handlers:  # the signals a Run handles (SIGHUP unless under nohup)
                 signal.signal(sig, self._request_stop)
 
     def _request_stop(self, signum, frame) -> None:
@@ -310,7 +313,10 @@ class SeedRuns:
             run.checkpoint(step, state)
 
     def finish(self, extra: dict | None = None) -> list[dict]:
-        return [run.finish(extra) for run in self.runs]
+        finals = [run.finish(extra) for run in self.runs]
+        for sig, handler in self.process_handlers.items():
+            signal.signal(sig, handler)
+        return finals
 
 
 def build_seeded(build: Callable[[Any], Any], cfgs: list, compile_ok: bool = False) -> list:

@@ -80,3 +80,17 @@ def test_seeds_errors(tiny, tmp_path):
                       "--run.out-dir", str(tmp_path), check=False)
     assert dropout.returncode == 1 and "--actor-dropout 0.1: dropout is not drawn per seed" in dropout.stderr
     assert "Traceback" not in dropout.stderr
+
+
+def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_path):
+    """Each seed's Run saves the handler it finds (the previous seed's run's for all but the first); when they
+    finish, the process's own handlers are back, so a later Ctrl-C is not swallowed by a finished run."""
+    import signal
+
+    from algos import bc
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    cfg = bc.Config(steps=20, seeds=[0, 1])
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    bc.train_seeds(cfg)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
