@@ -20,8 +20,16 @@ adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d
              normalization), trained on the clean data by this project.
 Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
 checkpoint is accepted here; rows are attacked in chunks of 50k instead of 10 chunks (each row's
-steps depend only on its own gradient, so the result is the same); and the corruption is drawn per
-seed, where RIQL caches one adversarial dataset per env and reuses it for every seed.
+steps depend only on its own gradient; the step's 1e-8 sits beside a gradient scaled by the chunk's
+size, so rows with a near-zero gradient can step differently); and the corruption is drawn per seed,
+where RIQL caches one adversarial dataset per env and reuses it for every seed.
+
+The corruption comes before the data config's preprocessing (`offrl.data.load_for_training`), so an
+algorithm's action clipping and reward scaling act on the corrupted data: IQL's defaults (both on, as the
+official IQL) clip corrupted actions back into the box and take the return range from corrupted rewards,
+where the RIQL repository's IQL baseline does neither. For that baseline pass
+`--data.no-clip-actions --data.no-normalize-reward` to IQL. RIQL's per-dataset and per-corruption sigma,
+quantile and K (docs/FACTS.md section 5) are not set from `--data.corrupt`: pass them.
 """
 
 from __future__ import annotations
