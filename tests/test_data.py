@@ -334,9 +334,9 @@ def test_dims_that_do_not_match_the_env(tmp_path):
     from offrl.config import DataConfig
     from offrl.data import load_for_training
 
-    arrays = d4rl_arrays(obs_dim=5)  # Hopper-v5 observes 11 numbers
+    arrays = d4rl_arrays(obs_dim=5)  # Hopper-v4 (a D4RL hopper file's evaluation env) observes 11 numbers
     path = write_hdf5(tmp_path / "hopper-narrow-v2.hdf5", **arrays)
-    with pytest.raises(DatasetError, match=r"observation width 5 does not match env Hopper-v5"):
+    with pytest.raises(DatasetError, match=r"observation width 5 does not match env Hopper-v4"):
         load_for_training(path, DataConfig())
 
 
