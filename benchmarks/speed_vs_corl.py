@@ -46,8 +46,10 @@ median over blocks of --block consecutive steps of the mean time per step (an ev
 actor-every-2nd-step pattern); offrl's steps flush subnormal floats as its runs do (`--run.flush-denormal`),
 CORL's do not (a difference that showed only after hundreds of steps, in RCSL's larger MLP); CORL's plain
 per-step median (TD3+BC: the median of the means of 2-step
-pairs) is reported beside it. Ratio = offrl / CORL of the medians over rounds (< 1: offrl is faster); the per-round
-ratios are listed too. Each side's update FLOPs are counted too (torch's FlopCounterMode, untimed: CORL's 2nd
+pairs) is reported beside it. Ratio = the median over rounds of each round's offrl / CORL (< 1: offrl is
+faster; the sides of a round run back to back, first one then the other, alternating from round to round);
+the per-round ratios are listed too. Parts of results/speed-vs-corl.md made before this estimator give the
+ratio of the two sides' medians over rounds instead (their captions say so). Each side's update FLOPs are counted too (torch's FlopCounterMode, untimed: CORL's 2nd
 and 3rd `trainer.train` calls, offrl's two extra steps): their ratio is the time ratio at equal GFLOP/s, the
 floor a goal is measured against. Each measurement records how many cores other processes used meanwhile
 (/proc/stat, less the measuring process); values above 0.15 are flagged in the table.
@@ -252,9 +254,11 @@ def trained_parameters(obj) -> int:
 
 
 def summarize(measurements: list[dict]) -> list[dict]:
-    """Per (algo, threads): CORL's and offrl's ms per update per round, their medians over rounds and the ratio
-    offrl / CORL of those medians (and per round). `measurements`: dicts with side ('corl' or 'offrl'), algo,
-    threads, round and ms (plus optional corl_step_median_ms, other_cores, params)."""
+    """Per (algo, threads): CORL's and offrl's ms per update per round and their medians over rounds, the ratio
+    offrl / CORL per round and its median over rounds (the headline: a round times both sides back to back, so a
+    slow spell of the machine cancels in its ratio, where a ratio of the two sides' medians can pair numbers from
+    different rounds). `measurements`: dicts with side ('corl' or 'offrl'), algo, threads, round and ms (plus
+    optional corl_step_median_ms, other_cores, params)."""
     table: dict[tuple[str, int], dict] = {}
     for m in sorted(measurements, key=lambda m: m["round"]):
         row = table.setdefault((m["algo"], m["threads"]), {"algo": m["algo"], "threads": m["threads"],
@@ -280,7 +284,8 @@ def summarize(measurements: list[dict]) -> list[dict]:
         offrl = statistics.median(row["offrl"][r] for r in rounds)
         rows.append({
             "algo": algo, "threads": threads, "rounds": rounds,
-            "corl_ms": corl, "offrl_ms": offrl, "ratio": offrl / corl,
+            "corl_ms": corl, "offrl_ms": offrl,
+            "ratio": statistics.median(row["offrl"][r] / row["corl"][r] for r in rounds),
             "corl_round_ms": [row["corl"][r] for r in rounds], "offrl_round_ms": [row["offrl"][r] for r in rounds],
             "round_ratios": [row["offrl"][r] / row["corl"][r] for r in rounds],
             "corl_step_median_ms": (statistics.median(row["corl_step_median"][r] for r in rounds)
@@ -319,8 +324,10 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
              f"({meta.get('offrl_step', '`ReplayBuffer.sample` + `Agent.update`')})"
              f"{', compiled (`--run.compile`)' if meta.get('compile') else ''}, "
              f"{meta['offrl_versions']}. Both on the same synthetic D4RL-shaped hopper data ({meta['data']}).", "",
-             "**Ratio = offrl / CORL** time per update (median over rounds of each side's ms per update; below 1 "
-             "offrl is faster). Each side's ms per update is the median over blocks of consecutive steps of the "
+             "**Ratio = offrl / CORL** time per update, the median over rounds of each round's ratio (the two sides "
+             "of a round run back to back, in alternating order from round to round; below 1 offrl is faster); the "
+             "ms columns are each side's median over rounds. Each side's ms per update is the median over blocks of "
+             "consecutive steps of the "
              "mean time per step; CORL's step is one iteration of its loop (`replay_buffer.sample`, `.to(device)`, "
              "`trainer.train(batch)`, a disabled `wandb.log`), offrl's one sample and update as its `train` loop runs "
              "them. "
@@ -786,7 +793,8 @@ def run(args, argv: list[str]) -> dict:
             for threads in args.threads:
                 for algo in args.algos:
                     pair = {}
-                    for side in ("corl", "offrl"):
+                    # alternating which side goes first, so neither always runs on the warmer (or cooler) machine
+                    for side in ("corl", "offrl") if rnd % 2 else ("offrl", "corl"):
                         m = measure(side, args, algo, threads, data, json_dir, f"{side}_{algo}_t{threads}_r{rnd}")
                         pair[side] = m | {"round": rnd}
                         measurements.append(pair[side])

@@ -29,18 +29,18 @@ def hand_made():
     return out
 
 
-def test_ratio_is_offrl_over_corl_of_the_medians_over_rounds():
+def test_ratio_is_the_median_over_rounds_of_each_rounds_offrl_over_corl():
     rows = svc.summarize(hand_made())
     assert [(r["algo"], r["threads"]) for r in rows] == [("iql", 1), ("bc", 1), ("iql", 2)]  # threads, then ALGOS
     iql = rows[0]
     assert iql["corl_ms"] == 25.0 and iql["offrl_ms"] == 18.0  # medians of (20, 30, 25) and (16, 18, 30)
-    assert iql["ratio"] == pytest.approx(18.0 / 25.0)
     assert iql["round_ratios"] == pytest.approx([0.8, 0.6, 1.2])
+    assert iql["ratio"] == pytest.approx(0.8)  # paired per round, not 18 / 25 = 0.72 across rounds
     assert iql["corl_round_ms"] == [20.0, 30.0, 25.0] and iql["offrl_round_ms"] == [16.0, 18.0, 30.0]
     assert iql["corl_step_median_ms"] == 24.0 and iql["goal"] == 0.8
     assert iql["params"] == {"corl": 100, "offrl": 98}
     bc = rows[1]
-    assert bc["ratio"] == pytest.approx(4.0 / 4.0) and bc["goal"] == 1.0 and bc["max_other_cores"] == 0.2
+    assert bc["ratio"] == pytest.approx(1.0) and bc["goal"] == 1.0 and bc["max_other_cores"] == 0.2  # of 1.1, 1.0, 0.6
     assert rows[2]["ratio"] == pytest.approx(0.9) and rows[2]["rounds"] == [1]
 
 
@@ -60,7 +60,7 @@ def test_markdown_states_ratio_goal_commit_command_and_hardware():
     assert svc.TESTED_CORL_COMMIT in text and "Some CPU, 2 cores" in text and "torch 9.9" in text
     lines = text.splitlines()
     iql1 = next(line for line in lines if line.startswith("| IQL | 1 |"))
-    assert "| 25.00 | 18.00 | **0.720** | ≤ 0.80 ✓ | 0.800, 0.600, 1.200 | 20.00, 30.00, 25.00 |" in iql1
+    assert "| 25.00 | 18.00 | **0.800** | ≤ 0.80 ✓ | 0.800, 0.600, 1.200 | 20.00, 30.00, 25.00 |" in iql1
     bc1 = next(line for line in lines if line.startswith("| BC | 1 |"))
     assert "**1.000** | ≤ 1.00 ✓" in bc1
     assert "| IQL | 256 |" in text and "`--actor deterministic`" in text and "100 / 98" in text
