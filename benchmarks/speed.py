@@ -459,8 +459,10 @@ def wait_for(proc: subprocess.Popen) -> tuple[int, object]:
 
 
 def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
-    """One algorithm end to end: a real run in a subprocess under benchmarks.run_probe, then the update timing of
-    the same config on the same data in this process; the row of the table (or why it has none)."""
+    """One algorithm end to end: a real run in a subprocess under benchmarks.run_probe, and the update timing of
+    the same config on the same data in this process, half its rounds before the run and half after (at least
+    one each), so a drift of the machine's speed over the run weighs on both sides; the row of the table (or why
+    it has none)."""
     from benchmarks import run_probe
     from benchmarks.sweep import Job
 
@@ -489,6 +491,21 @@ def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
            "OFFRL_PROBE": str(probe_path), "OFFRL_PROBE_WARMUP": str(warmup),
            "OFFRL_PROBE_NO_MODEL_TRAINING": "0" if args.train_models else "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    from offrl.config import resolve_device
+    from offrl.data import load_for_training
+
+    data = None
+
+    def time_updates(rounds: int) -> list[float]:
+        nonlocal data
+        torch.set_num_threads(threads)
+        data = data or load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+        return [time_algorithm(algo, resolve_device(cfg.device), args.warmup, args.blocks, args.per_block,
+                               cfg=copy.deepcopy(cfg), data=data, precision=cfg.run.precision)["median_ms"]
+                for _ in range(rounds)]
+
+    rounds_before = max(1, args.rounds // 2)
+    update_ms = time_updates(rounds_before)
     print(f"end to end: {algo}, {steps} steps at {threads} thread(s), log {log_path}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -527,16 +544,9 @@ def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
     row["run_steps_per_s"] = (last - loop["start_step"]) / final["wall_seconds"]
     row["peak_cuda_mib"] = probe["cuda"]["peak_allocated"] / 2**20 if probe.get("cuda") else None
 
-    from offrl.config import resolve_device
-    from offrl.data import load_for_training
-
-    torch.set_num_threads(threads)
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    timings = [time_algorithm(algo, resolve_device(cfg.device), args.warmup, args.blocks, args.per_block,
-                              cfg=copy.deepcopy(cfg), data=data, precision=cfg.run.precision)
-               for _ in range(args.rounds)]
-    row["update_ms"] = statistics.median(t["median_ms"] for t in timings)
-    row["update_round_ms"] = [t["median_ms"] for t in timings]
+    update_ms += time_updates(max(1, args.rounds - rounds_before))
+    row["update_ms"] = statistics.median(update_ms)
+    row["update_round_ms"] = update_ms
     row["ratio"] = row["end_to_end_ms"] / (row["update_ms"] + row["rollout_ms"])
     return row
 
@@ -620,7 +630,9 @@ def write_end_to_end_markdown(report: dict, path: Path, argv: list[str], section
              "longest episode ends; a short run's policy falls early, a trained one runs to the limit), so an upper "
              "bound on what a full run's evaluations cost. *Update*: this benchmark's update timing (sample + "
              "gradient step after warm-up, median of blocks, as in 'Update speed') in the same invocation, for the "
-             "same config on the same data. *Rollouts ms/step*: MOPO/MOBILE/RAVL's model rollout rounds inside the "
+             "same config on the same data, the median of rounds timed before and after the run (at least one each); "
+             "it runs in this process, not the run's, so a ratio a little below 1 is measurement noise (the loop "
+             "holds the update). *Rollouts ms/step*: MOPO/MOBILE/RAVL's model rollout rounds inside the "
              "timed loop (`benchmarks.run_probe` times each), over its steps; the algorithm's own work, not overhead. "
              "Ratio = end to end / (update + rollouts); the goal is ≤ 1.10. Run steps/s = steps / "
              "final.json's wall_seconds (the run's own clock, after its setup, with its one evaluation and checkpoint "

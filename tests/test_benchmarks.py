@@ -572,6 +572,7 @@ def test_speed_end_to_end_reports_a_real_run_beside_its_update_time(tiny, tmp_pa
     assert "error" not in td3 and "skipped" not in td3, td3
     assert td3["steps"] == 40 and td3["warmup"] == 10 and td3["full_steps"] == 1_000_000
     assert math.isfinite(td3["ratio"]) and td3["ratio"] > 0 and td3["update_ms"] > 0
+    assert len(td3["update_round_ms"]) >= 2  # timed before and after the run
     assert td3["end_to_end_ms"] >= td3["loop_ms"] > 0 and td3["peak_rss_mib"] > 50 and td3["peak_cuda_mib"] is None
     assert td3["evaluations"] == 200 and td3["checkpoints"] == 20  # TD3+BC's defaults: eval every 5000, checkpoint 50000
     assert td3["evaluation_s"] > 0 and td3["checkpoint_s"] > 0 and td3["run_steps_per_s"] > 0
