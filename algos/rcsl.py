@@ -48,7 +48,7 @@ from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_weighted_sampling
 from offrl.data.sequences import episode_timesteps, returns_to_go
-from offrl.errors import CheckpointError
+from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import target_policies
 from offrl.nets import autocast, mlp
 from offrl.optim import AdamW
@@ -159,6 +159,8 @@ class RCSL:
 
     def __init__(self, cfg: Config, dataset: Dataset, normalizer: StateNormalizer, action_low, action_high,
                  device: torch.device, seed: int = 0):
+        if cfg.patience < 1:  # 0 would stop before the first hold-out check, with an untrained network
+            raise OffrlError(f"--patience {cfg.patience}: must be at least 1 (hold-out checks without improvement)")
         self.cfg = cfg
         horizon = int(dataset.episode_lengths().max())
         self.policy = RCSLPolicy(dataset.obs_dim, dataset.act_dim, cfg, horizon, normalizer, action_low, action_high).to(device)

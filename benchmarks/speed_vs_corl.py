@@ -49,7 +49,8 @@ per-step median (TD3+BC: the median of the means of 2-step
 pairs) is reported beside it. Ratio = the median over rounds of each round's offrl / CORL (< 1: offrl is
 faster; the sides of a round run back to back, first one then the other, alternating from round to round);
 the per-round ratios are listed too. Parts of results/speed-vs-corl.md made before this estimator give the
-ratio of the two sides' medians over rounds instead (their captions say so). Each side's update FLOPs are counted too (torch's FlopCounterMode, untimed: CORL's 2nd
+ratio of the two sides' medians over rounds instead (their captions say so). Each side's update FLOPs are
+counted too (torch's FlopCounterMode, untimed: CORL's 2nd
 and 3rd `trainer.train` calls, offrl's two extra steps): their ratio is the time ratio at equal GFLOP/s, the
 floor a goal is measured against. Each measurement records how many cores other processes used meanwhile
 (/proc/stat, less the measuring process); values above 0.15 are flagged in the table.

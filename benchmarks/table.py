@@ -130,10 +130,11 @@ def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None
             continue  # finished after a retry that kept an old marker: its score counts
         label = run_dir.relative_to(root).parts[0]
         config = json.loads((run_dir / "config.json").read_text())
-        if (variants is not None and label not in variants) or (datasets is not None and config["dataset"] not in datasets):
+        run_label = config.get("dataset") or config.get("env_id", "run")  # as final.json's (RunConfigBase.run_label)
+        if (variants is not None and label not in variants) or (datasets is not None and run_label not in datasets):
             continue
         stop = diverged(run_dir) or {}
-        out.append({"variant": label, "dataset": config["dataset"], "seed": config["seed"], "steps": config["steps"],
+        out.append({"variant": label, "dataset": run_label, "seed": config["seed"], "steps": config["steps"],
                     "step": stop.get("step"), "metrics": stop.get("metrics", []), "value": stop.get("value"),
                     "last_checkpoint_step": stop.get("last_checkpoint_step"), "run_dir": str(run_dir)})
     return out
@@ -203,13 +204,16 @@ def differing_data(groups: dict) -> dict[str, dict]:
     """{dataset id: {"reference": checksum or None, "checksums": {checksum: [row labels]}}} for the dataset ids
     whose runs trained on data of more than one checksum (e.g. a suite dataset that a CPU did not regenerate
     bit for bit); the reference is offrl's committed checksum of a suite dataset."""
+    from offrl.data.suite import reference_checksums
+
+    # suite ids only: a D4RL file's checksum is of the rows as loaded, which DT's trajectories and the
+    # Q-learners' transitions make differently from one file; a run that recorded none is left out
+    references = reference_checksums()
     by_dataset: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for (label, dataset), rs in groups.items():
         for r in rs:
-            by_dataset[dataset][r.get("data_checksum") or "unrecorded"].add(label)
-    from offrl.data.suite import reference_checksums
-
-    references = reference_checksums()
+            if dataset in references and r.get("data_checksum"):
+                by_dataset[dataset][r["data_checksum"]].add(label)
     return {dataset: {"reference": references.get(dataset),
                       "checksums": {c: sorted(labels) for c, labels in sorted(sums.items())}}
             for dataset, sums in sorted(by_dataset.items()) if len(sums) > 1}
@@ -303,8 +307,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
         if dataset in differing:
-            row["data_checksums"] = sorted({r.get("data_checksum") or "unrecorded" for r in rs})
-        diverged_seeds = [d["seed"] for d in diverged if d["variant"] == rs[0].get("variant", label) and d["dataset"] == dataset]
+            row["data_checksums"] = sorted({r["data_checksum"] for r in rs if r.get("data_checksum")})
+        diverged_seeds = [d["seed"] for d in diverged
+                          if d["variant"] == rs[0].get("variant", label) and d["dataset"] == dataset]
         if diverged_seeds:
             row["diverged_seeds"] = diverged_seeds
         # early stopping (RCSL's hold-out loss): the steps trained, per seed, where fewer than the budget
@@ -361,7 +366,8 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
     """The table as markdown; `plots` = [(caption, link)] appended as images."""
     title, command = summary["title"], summary["command"]
     if not summary["runs"]:
-        return "\n".join([f"# {title}", "", "(no finished runs)", *diverged_section(summary.get("diverged", []))]) + "\n"
+        lines = [f"# {title}", "", "(no finished runs)", *diverged_section(summary.get("diverged", []))]
+        return "\n".join(lines) + "\n"
     st = summary["statistics"]
     if summary["reeval_seed"] is None:
         evaluation = f"each evaluation {', '.join(map(str, summary['episodes']))} episodes (deterministic policy). "
@@ -470,7 +476,8 @@ def diverged_section(diverged: list[dict]) -> list[str]:
     for d in diverged:
         what = ", ".join(d["metrics"]) + (f" ({d['value']})" if d.get("value") is not None else "")
         checkpoint = "none" if d.get("last_checkpoint_step") is None else d["last_checkpoint_step"]
-        lines.append(f"| {d['variant']} | {d['dataset']} | {d['seed']} | {d['step'] if d['step'] is not None else '?'} | "
+        step = d["step"] if d["step"] is not None else "?"
+        lines.append(f"| {d['variant']} | {d['dataset']} | {d['seed']} | {step} | "
                      f"{d['steps']} | {what or '?'} | {checkpoint} |")
     return lines
 

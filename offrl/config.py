@@ -51,8 +51,9 @@ class DataConfig:
     """Batch sampling: uniform over transitions, or return-weighted (Hong et al. 2023, 'Harnessing Mixed
     Offline RL Datasets via Trajectory Weighting'): P(transition) ~ exp(G_hat / temperature), G_hat its
     episode's return min-max scaled to [0, 1] by the episodes that ended (a piece the data cut short may fall
-    below 0). For the algorithms that draw transitions from the dataset's buffer (the model-based ones: their
-    dataset rows and rollout starts); DT, RCSL and MBRCSL draw otherwise and refuse it."""
+    below 0). It weights the dataset's transition buffer (`TrainingData.buffer`): every batch of BC, TD3+BC,
+    IQL, RIQL, CQL and WSRL's retained rows, and the dataset rows of MOPO/MOBILE/RAVL's mixed batches (not their
+    rollout starts); DT, RCSL and MBRCSL draw otherwise and refuse it."""
     return_temperature: float = 0.1
     """Temperature of return-weighted sampling (larger = closer to uniform)."""
     corrupt: Optional[Literal["observations", "actions", "rewards", "next_observations"]] = None

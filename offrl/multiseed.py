@@ -287,6 +287,8 @@ class SeedRuns:
                     run.check_unlogged()
                 for run in self.runs:
                     run.close_at(step)
+                for sig, handler in self.process_handlers.items():
+                    signal.signal(sig, handler)
                 print(f"stopped after step {step}; checkpoints saved; continue with the same --seeds and "
                       "--resume latest", file=sys.stderr)
                 raise SystemExit(128 + self.runs[0].stop_signal)

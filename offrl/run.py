@@ -270,6 +270,11 @@ class Run:
         if not saved.get("trained_checksum"):
             return  # a run folder from before offrl recorded it
         current = json.loads(json.dumps(record, default=str))
+        if saved.get("env_id") and current.get("env_id") and saved["env_id"] != current["env_id"]:
+            # e.g. a D4RL file's default evaluation env, v5 before offrl evaluated those on v4 (offrl.scores)
+            raise CheckpointError(f"{self.dir}: this run evaluated on {saved['env_id']}, the data now names "
+                                  f"{current['env_id']}; resume with --data.env-id {saved['env_id']} to keep its "
+                                  "evaluations comparable, or start a new run folder")
         if saved["trained_checksum"] != current["trained_checksum"]:
             changed = [f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in
                        ("checksum", "transitions", "reward_scale", "reward_bias", "normalized_states", "corruption")
@@ -471,7 +476,7 @@ class Run:
             **(extra or {}),
         }
         # atomically: a sweep, its --status and the tables read final.json as the sign of a finished run
-        tmp = self.dir / "final.json.tmp"
+        tmp = self.dir / ".final.json.tmp"  # a killed write's is removed at the next resume
         tmp.write_text(json.dumps(final, indent=2))
         os.replace(tmp, self.dir / "final.json")
         self.logger.close()

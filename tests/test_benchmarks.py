@@ -325,11 +325,14 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
         table.main([str(copy), "--reps", "200"])
 
 
-def test_rows_on_different_data_of_one_dataset_id_are_named(sweeps, tmp_path):
-    """A dataset id whose runs trained on data of different checksums (a suite dataset another CPU did not
-    regenerate bit for bit): the rows' dataset cells name their checksums and a section says which rows used
-    which; with one checksum per id the table says nothing of it."""
+def test_rows_on_different_data_of_one_dataset_id_are_named(sweeps, tmp_path, monkeypatch):
+    """A suite dataset id whose runs trained on data of different checksums (another CPU did not regenerate it bit
+    for bit): the rows' dataset cells name their checksums and a section says which rows used which; with one
+    checksum per id, or for an id without a committed reference (a D4RL file, whose checksum is of the rows as
+    each algorithm loads them), the table says nothing of it."""
     import shutil
+
+    from offrl.data import suite
 
     copy = tmp_path / "local"
     shutil.copytree(sweeps["root"] / "local", copy)
@@ -338,12 +341,14 @@ def test_rows_on_different_data_of_one_dataset_id_are_named(sweeps, tmp_path):
     record = copy / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep" / "dataset.json"
     saved = json.loads(record.read_text())
     record.write_text(json.dumps({**saved, "checksum": "0123456789abcdef"}))
-    text = table.main([str(copy), "--reps", "200"])
+    assert "## Rows on different data" not in table.main([str(copy), "--reps", "200"])  # no reference for tiny
     original = saved["checksum"]
+    monkeypatch.setattr(suite, "reference_checksums", lambda: {"offrl/tiny-v0": original})  # as for a suite id
+    text = table.main([str(copy), "--reps", "200"])
     first, second = sorted([original, "0123456789abcdef"])
     assert f"| bc | offrl/tiny-v0 (data {first[:8]}, {second[:8]}) | 2 |" in text
     assert "## Rows on different data of one dataset id" in text
-    assert f"- offrl/tiny-v0: `{first}`" in text and "bc" in text.split("## Rows on different data")[1]
+    assert f"`{original}` (the committed reference): bc" in text.split("## Rows on different data")[1]
     summary = table.summarize(table.collect([copy]), "t", None, reps=200)
     assert summary["differing_data"]["offrl/tiny-v0"]["checksums"] == {first: ["bc"], second: ["bc"]}
 

@@ -113,3 +113,18 @@ def test_stream_seeds_are_unrelated_to_the_run_seed_and_to_each_other():
     batches = torch.Generator().manual_seed(0)
     noise = SeededGenerator("cpu", 0, stream="td3_bc smoothing noise").generator
     assert not torch.equal(torch.randn(64, generator=batches), torch.randn(64, generator=noise))
+
+
+def test_a_checkpoint_from_before_the_dynamics_model_was_saved_still_resumes(capsys):
+    """MOPO/MOBILE/RAVL/MBRCSL checkpoints hold their dynamics model since a later version: an older one resumes
+    with the model the run loaded (a warning says so); any other missing object is still refused."""
+    import torch.nn as nn
+
+    agent, model = nn.Linear(2, 2), nn.Linear(2, 2)
+    before = model.weight.detach().clone()
+    saved = {"agent": nn.Linear(2, 2).state_dict()}
+    ckpt.load_state_dicts({"agent": agent, "dynamics_model": model}, saved, "old.pt")
+    assert torch.equal(agent.weight, saved["agent"]["weight"]) and torch.equal(model.weight, before)
+    assert "predates saving dynamics_model" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="has no state for buffer"):
+        ckpt.load_state_dicts({"agent": agent, "buffer": model}, saved, "old.pt")

@@ -249,6 +249,10 @@ def test_recorded_d4rl_trajectories_without_next_states_are_refused_where_s_prim
     data = TrainingData(ds, preprocess.Preprocessing(), 2, 1, -np.ones(1, np.float32), np.ones(1, np.float32))
     with pytest.raises(DatasetError, match="drop --data.d4rl-trajectories"):
         data.buffer("cpu", seed=0)
+    from world_models.rollout import ModelData
+
+    with pytest.raises(DatasetError, match="drop --data.d4rl-trajectories"):
+        ModelData.check_raw(data, "mopo")  # before its dynamics model trains
     assert len(data.buffer("cpu", seed=0, reads_next_observations=False)) == 10
     assert model_rows(ds).tolist() == [0, 1, 2, 4, 5, 7, 8]  # not the last rows 3, 6 and 9 of the episodes
     arrays = d4rl_arrays()

@@ -127,11 +127,25 @@ def test_resume_refuses_a_changed_hyperparameter(tiny, tmp_path):
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
+def test_resume_refuses_a_run_whose_evaluation_env_changed(tiny, tmp_path):
+    """A run that evaluated on one env (e.g. a D4RL file's v5 default, before offrl evaluated those on v4) is not
+    resumed on another without being told: its evaluations would stop being comparable."""
+    args = ["--steps", "20", "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled",
+            "--hidden", "16", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.td3_bc", *args)
+    record = only_run(tmp_path) / "dataset.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "env_id": "InvertedPendulum-v4"}))
+    result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "40", "--resume", "latest", check=False)
+    assert result.returncode == 1 and "this run evaluated on InvertedPendulum-v4" in result.stderr
+    assert "--data.env-id InvertedPendulum-v4" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_resume_that_changes_a_schedule_over_steps_says_so(tiny, tmp_path):
     """IQL's actor learning rate follows a cosine over --steps: a resume with other --steps follows the new budget
     (RELIABILITY.md), and says so, since its rate jumps to the new schedule's value; without the cosine it is quiet."""
     args = ["--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--hidden", "32", "32"]
-    for cosine, out in ((["--cosine-actor-lr"], tmp_path / "cosine"), (["--no-cosine-actor-lr"], tmp_path / "constant")):
+    for cosine, out in ((["--cosine-actor-lr"], tmp_path / "cosine"),
+                        (["--no-cosine-actor-lr"], tmp_path / "constant")):
         run_cli(PYTHON, "-m", "algos.iql", "--steps", "40", *args, *cosine, "--run.out-dir", str(out))
         result = run_cli(PYTHON, "-m", "algos.iql", "--steps", "80", *args, *cosine, "--run.out-dir", str(out),
                          "--resume", "latest")

@@ -456,6 +456,14 @@ def test_dt_reference_init_and_decay_options(tiny):
         torch.testing.assert_close(p, c, rtol=1e-6, atol=1e-7)
 
 
+def test_rcsl_refuses_a_patience_of_zero(tiny, tmp_path):
+    """It would stop before the first hold-out check and evaluate an untrained network."""
+    result = run_cli(PYTHON, "-m", "algos.rcsl", "--patience", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
+                     check=False)
+    assert result.returncode == 1 and "--patience 0: must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_path):
     """Early stopping writes a checkpoint, then the final evaluation and final.json follow; a process killed in
     between is resumed to the same stop (the same step, best hold-out loss and weights), not trained past it."""
@@ -469,7 +477,8 @@ def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_pat
     resumed = run_cli(PYTHON, "-m", "algos.rcsl", *args, "--resume", "latest")
     assert f"at step {first['stopped_at_step']}" in resumed.stderr
     again = json.loads((run_dir / "final.json").read_text())
-    assert (again["stopped_at_step"], again["best_holdout_loss"]) == (first["stopped_at_step"], first["best_holdout_loss"])
+    for key in ("stopped_at_step", "best_holdout_loss"):
+        assert again[key] == first[key], key
     assert again["eval/normalized_score"] == first["eval/normalized_score"]
 
 

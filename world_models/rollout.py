@@ -171,6 +171,7 @@ class ModelData:
 
             raise OffrlError(f"{algo} learns a dynamics model of the raw data: drop --data.normalize-states and "
                              "reward scaling")
+        data.refuse_unknown_next_observations()  # before a dynamics model trains (hours on a CPU), not after
 
     @classmethod
     def create(cls, data, cfg, horizon: int, device: torch.device) -> tuple["ModelData", str]:

@@ -104,8 +104,7 @@ def model_rows(dataset: Dataset) -> np.ndarray | slice:
         return np.flatnonzero(dataset.terminals == 0)
     if dataset.metadata.get("next_observations") == UNKNOWN_AT_EPISODE_ENDS:
         last = np.zeros(len(dataset), dtype=bool)
-        last[dataset.episode_starts[1:] - 1] = True
-        last[-1] = True
+        last[dataset.episode_ends() - 1] = True
         return np.flatnonzero(~last)
     return slice(None)
 

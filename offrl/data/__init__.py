@@ -49,15 +49,20 @@ class TrainingData:
     def metadata(self) -> dict:
         return self.dataset.metadata
 
-    def buffer(self, device, seed: int, reads_next_observations: bool = True) -> ReplayBuffer:
-        """The dataset as a replay buffer on `device`, sampling as the data config says. An algorithm that
-        reads s' (`reads_next_observations`: every one but BC) refuses recorded D4RL trajectories without
-        next_observations, whose episodes' last rows carry s' = s: a Q target would bootstrap from V(s)."""
-        if reads_next_observations and self.metadata.get("next_observations") == UNKNOWN_AT_EPISODE_ENDS:
+    def refuse_unknown_next_observations(self) -> None:
+        """For an algorithm that learns from s': refuse data whose episodes' last rows have s' = s."""
+        if self.metadata.get("next_observations") == UNKNOWN_AT_EPISODE_ENDS:
             raise DatasetError(self.dataset.name, "--data.d4rl-trajectories keeps each episode's last row, whose "
                                "s' this file does not record (no next_observations); an algorithm that learns "
                                "from s' needs qlearning_dataset's rows: drop --data.d4rl-trajectories",
                                "next_observations")
+
+    def buffer(self, device, seed: int, reads_next_observations: bool = True) -> ReplayBuffer:
+        """The dataset as a replay buffer on `device`, sampling as the data config says. An algorithm that
+        reads s' (`reads_next_observations`: every one but BC) refuses recorded D4RL trajectories without
+        next_observations, whose episodes' last rows carry s' = s: a Q target would bootstrap from V(s)."""
+        if reads_next_observations:
+            self.refuse_unknown_next_observations()
         buffer = ReplayBuffer.from_dataset(self.dataset, device, seed=seed)
         if self.sample_weights is not None:
             buffer.set_sampling_weights(self.sample_weights)

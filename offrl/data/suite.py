@@ -446,10 +446,8 @@ def differs_from_reference(dataset_id: str) -> tuple[str, str] | None:
     """(local checksum, committed reference) when this machine's copy of a suite dataset has other bytes than
     the reference; None when they match, or when either is missing."""
     reference = reference_checksums().get(dataset_id)
-    if reference is None or not exists(dataset_id):
-        return None
-    local = stored_info(dataset_id).get("checksum")
-    return (local, reference) if local != reference else None
+    local = stored_info(dataset_id).get("checksum") if exists(dataset_id) else None
+    return (local, reference) if None not in (local, reference) and local != reference else None
 
 
 def reference_checksums_path() -> Path:
