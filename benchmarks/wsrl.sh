@@ -24,7 +24,8 @@
 # parts "wsrl-*"), so there COMMON="--run.precision bf16 --run.compile" (100k pre-training steps: ~1.7 h).
 # The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
-# the claims table; PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
+# the claims table, and so do LAST_EVALS ("last" = the mean of a run's last this many evaluations; default 1, the
+# last alone) and CONTEXT_DIP_WINDOW (the dips over a longer window too, as context); PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
 # path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
 # same whichever subset they were started in, so a later call with all seeds skips them. STAGE=pre stops after the
 # pre-training (to pre-train one seed while another fine-tunes). DRY_RUN=1 prints the commands instead of running
@@ -42,6 +43,8 @@ online_steps=${ONLINE_STEPS:-50000}
 warmup=${WARMUP:-5000}
 eval_every=${EVAL_EVERY:-2500}
 dip_window=${DIP_WINDOW:-5000}
+last_evals=${LAST_EVALS:-1}
+context_dip=${CONTEXT_DIP_WINDOW:-}
 pre_eval_every=${PRE_EVAL_EVERY:-5000}
 read -r -a seeds <<< "${SEEDS:-0 1 2}"
 common=${COMMON:-}
@@ -72,7 +75,8 @@ run "${pre[@]}"
 run "${online[@]}"
 run python -m benchmarks.wsrl_plot "$out/wsrl-online" --out "$results.png" \
   --title "WSRL and baselines on $ds: $pre_steps offline + $online_steps online steps, ${#seeds[@]} seed$([ ${#seeds[@]} = 1 ] || echo s)" \
-  --markdown "$results-claims.md" --dip-window "$dip_window" \
+  --markdown "$results-claims.md" --dip-window "$dip_window" --last-evals "$last_evals" \
+  ${context_dip:+--context-dip-window "$context_dip"} \
   --command "$(quoted "${pre[@]}"); $(quoted "${online[@]}")"
 run python -m benchmarks.table "$out/wsrl-online" --out "$results.md" \
   --title "Online fine-tuning on $ds after $pre_steps CQL steps: $online_steps env steps, warm-up $warmup" \

@@ -113,7 +113,7 @@ def pretraining_level(run_dir: Path, config: dict) -> float | None:
     return float(scores[-PRETRAINING_EVALUATIONS:].mean()) if len(scores) else None
 
 
-def run_summary(run_dir: Path, dip_window: int) -> dict | None:
+def run_summary(run_dir: Path, dip_window: int, last_evals: int = 1, context_window: int | None = None) -> dict | None:
     """Start (step 0), lowest in the dip window after updates begin, dip, last, and the pre-training's level;
     whether the run reached its budget (`finished`) and ran past its dip window (`window_done`); None without a
     step-0 score. The window is the evaluations after the step updates begin at (that step's evaluation is
@@ -125,24 +125,32 @@ def run_summary(run_dir: Path, dip_window: int) -> dict | None:
     begin = learning_start(config)
     window = scores[(steps > begin) & (steps <= begin + dip_window)]
     lowest = float(window.min()) if len(window) else float("nan")
+    wide = scores[(steps > begin) & (steps <= begin + (context_window or dip_window))]
     budget = config.get("steps")
+    # "last": the mean of the last `last_evals` evaluations (1: the last one alone); a fine-tuned policy's
+    # deterministic evaluations swing from one to the next, so a single one is one draw from that swing
     return {"seed": int(config.get("seed", 0)), "start": float(scores[0]), "lowest": lowest,
-            "dip": float(scores[0]) - lowest, "last": float(scores[-1]), "last_step": int(steps[-1]),
+            "dip": float(scores[0]) - lowest, "last": float(scores[-last_evals:].mean()),
+            "final": float(scores[-1]), "last_step": int(steps[-1]),
+            "context_dip": float(scores[0]) - float(wide.min()) if len(wide) else float("nan"),
             "updates_begin": begin, "finished": budget is None or int(steps[-1]) >= int(budget),
             "window_done": int(steps[-1]) >= begin + dip_window and len(window) > 0,
             "window_empty": int(steps[-1]) >= begin + dip_window and not len(window),
             "pretraining": pretraining_level(run_dir, config)}
 
 
-def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict[str, dict[str, dict]]:
+def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int, last_evals: int = 1,
+              context_window: int | None = None) -> dict[str, dict[str, dict]]:
     """Per dataset and label: each quantity of `run_summary` as mean, std and n over the runs that have it."""
     out: dict[str, dict[str, dict]] = {}
     for dataset, labels in groups.items():
         out[dataset] = {}
         for label, runs in labels.items():
-            rows = [r for r in (run_summary(run, dip_window) for run in runs) if r is not None]
+            rows = [r for r in (run_summary(run, dip_window, last_evals, context_window) for run in runs)
+                    if r is not None]
             stats: dict = {k: {"mean": float(np.mean([r[k] for r in rows])), "std": float(np.std([r[k] for r in rows])),
-                               "n": len(rows)} for k in ("start", "lowest", "dip", "last")} if rows else {}
+                               "n": len(rows)} for k in ("start", "lowest", "dip", "last", "final", "context_dip")
+                           } if rows else {}
             levels = [r["pretraining"] for r in rows if r["pretraining"] is not None]
             if levels:
                 stats["pretraining"] = {"mean": float(np.mean(levels)), "std": float(np.std(levels)), "n": len(levels)}
@@ -153,9 +161,12 @@ def summaries(groups: dict[str, dict[str, list[Path]]], dip_window: int) -> dict
     return out
 
 
-def checks(labels: dict[str, dict]) -> list[str]:
+def checks(labels: dict[str, dict], last_evals: int = 1, context_window: int | None = None) -> list[str]:
     """The paper's claims on one dataset's summaries, as sentences with their numbers (where the variants ran):
-    on finished runs (for the dip: runs past their window) and, between variants, on the same seeds."""
+    on finished runs (for the dip: runs past their window) and, between variants, on the same seeds. "Last" is
+    the mean of the last `last_evals` evaluations; `context_window` adds the dips within that many env steps
+    as context, not a claim."""
+    last_is = "last score" if last_evals == 1 else f"last-{last_evals} mean"
     runs = {label: {r["seed"]: r for r in stats.get("runs", [])} for label, stats in labels.items()}
 
     def missing(label, done="finished"):
@@ -191,7 +202,7 @@ def checks(labels: dict[str, dict]) -> list[str]:
     else:
         last, start = mean("WSRL", "last"), mean("WSRL", "start")
         held = sum(r["last"] >= r["start"] for r in runs["WSRL"].values())
-        lines.append(f"WSRL's last score {last:.1f} vs its start {start:.1f}: {verdict(last >= start)} (last >= start; "
+        lines.append(f"WSRL's {last_is} {last:.1f} vs its start {start:.1f}: {verdict(last >= start)} (last >= start; "
                      f"in {held} of {n} seeds)")
     if runs.get("SAC from scratch"):
         if (reason := paired("WSRL", "SAC from scratch")) is not None:
@@ -199,7 +210,7 @@ def checks(labels: dict[str, dict]) -> list[str]:
         else:
             last, scratch = mean("WSRL", "last"), mean("SAC from scratch", "last")
             held = sum(runs["WSRL"][seed]["last"] >= r["last"] for seed, r in runs["SAC from scratch"].items())
-            lines.append(f"WSRL's last score {last:.1f} vs SAC from scratch's {scratch:.1f}: {verdict(last >= scratch)} "
+            lines.append(f"WSRL's {last_is} {last:.1f} vs SAC from scratch's {scratch:.1f}: {verdict(last >= scratch)} "
                          f"(WSRL >= scratch; in {held} of {n} seeds)")
     if runs.get("no warm-up"):
         if (reason := paired("WSRL", "no warm-up", "window_done")) is not None:
@@ -209,36 +220,46 @@ def checks(labels: dict[str, dict]) -> list[str]:
             held = sum(runs["WSRL"][seed]["dip"] < r["dip"] for seed, r in runs["no warm-up"].items())
             lines.append(f"dip with warm-up {dip:.1f} vs without {without:.1f}: {verdict(dip < without and held == n)} "
                          f"(with < without, for the mean and in every seed: in {held} of {n})")
+            if context_window:
+                wide, wide_without = mean("WSRL", "context_dip"), mean("no warm-up", "context_dip")
+                lines.append(f"context, not a claim: within {context_window} env steps after the updates begin, the "
+                             f"dip with warm-up {wide:.1f} vs without {wide_without:.1f}")
     level = labels["WSRL"].get("pretraining", {}).get("mean")
     if level is not None:
-        lines.append(f"context, not a claim: WSRL's last score {mean('WSRL', 'last'):.1f} vs the pre-training's level "
+        lines.append(f"context, not a claim: WSRL's {last_is} {mean('WSRL', 'last'):.1f} vs the pre-training's level "
                      f"{level:.1f} (the mean of its last {PRETRAINING_EVALUATIONS} evaluations up to the checkpoint; the "
                      "start is the checkpoint's one evaluation)")
     return lines
 
 
-def markdown(data: dict[str, dict[str, dict]], dip_window: int, title: str | None, command: str | None) -> str:
+def markdown(data: dict[str, dict[str, dict]], dip_window: int, title: str | None, command: str | None,
+             last_evals: int = 1, context_window: int | None = None) -> str:
     def cell(stats, key):
         return f"{stats[key]['mean']:.1f} ± {stats[key]['std']:.1f}" if key in stats else "-"
 
     out = [f"# {title}" if title else "# Online fine-tuning: start, dip and last score", ""]
     if command:
         out += ["Made by:", "", "```", command, "```", ""]
+    last_is = ("the last evaluation" if last_evals == 1 else
+               f"the mean of the last {last_evals} evaluations, which the checks below use (final = the last one "
+               "alone: a fine-tuned policy's evaluations swing from one to the next)")
     out += [f"Per run: start = the score at env step 0 (before any online step); lowest = the lowest evaluation "
-            f"in the {dip_window} env steps after the run's updates begin; dip = start - lowest; last = the last "
-            f"evaluation; pre-training level = the mean of the pre-training run's last {PRETRAINING_EVALUATIONS} "
+            f"in the {dip_window} env steps after the run's updates begin; dip = start - lowest; last = {last_is}; "
+            f"pre-training level = the mean of the pre-training run's last {PRETRAINING_EVALUATIONS} "
             "evaluations up to the checkpoint fine-tuned (context, not a claim). Mean ± std over seeds (n).", ""]
     for dataset, labels in sorted(data.items()):
+        last_head = "last" if last_evals == 1 else f"last {last_evals} (mean) | final"
         out += [f"## {dataset}", "",
-                "| variant | n | updates begin (env step) | start | lowest | dip | last | last at env step "
+                f"| variant | n | updates begin (env step) | start | lowest | dip | {last_head} | last at env step "
                 "| pre-training level |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|" + ("---|" if last_evals > 1 else "")]
         for label, stats in sorted(labels.items()):
             n = stats.get("start", {}).get("n", 0)
+            last = cell(stats, "last") + ("" if last_evals == 1 else f" | {cell(stats, 'final')}")
             out.append(f"| {label} | {n} | {', '.join(map(str, stats['updates_begin']))} | {cell(stats, 'start')} "
-                       f"| {cell(stats, 'lowest')} | {cell(stats, 'dip')} | {cell(stats, 'last')} "
+                       f"| {cell(stats, 'lowest')} | {cell(stats, 'dip')} | {last} "
                        f"| {', '.join(map(str, stats['last_steps']))} | {cell(stats, 'pretraining')} |")
-        out += ["", *(f"- {line}" for line in checks(labels)), ""]
+        out += ["", *(f"- {line}" for line in checks(labels, last_evals, context_window)), ""]
     return "\n".join(out)
 
 
@@ -320,14 +341,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--markdown", help="also write the start / dip / last table and the checks here")
     parser.add_argument("--dip-window", type=int, default=5000,
                         help="env steps after a run's updates begin in which its dip is looked for")
+    parser.add_argument("--last-evals", type=int, default=1,
+                        help="'last' = the mean of a run's last this many evaluations (1: the last one alone)")
+    parser.add_argument("--context-dip-window", type=int, default=None,
+                        help="also give, as context, the dips within this many env steps after the updates begin")
     parser.add_argument("--command", help="the command that made the runs, for the markdown's caption")
     args = parser.parse_args(argv)
+    if args.last_evals < 1:
+        parser.error("--last-evals must be at least 1")
     groups = collect(args.runs)
     data = curves(groups)
     plot(data, Path(args.out), args.title)
     if args.markdown:
-        Path(args.markdown).write_text(markdown(summaries(groups, args.dip_window), args.dip_window, args.title,
-                                                args.command))
+        summary = summaries(groups, args.dip_window, args.last_evals, args.context_dip_window)
+        Path(args.markdown).write_text(markdown(summary, args.dip_window, args.title, args.command, args.last_evals,
+                                                args.context_dip_window))
         print(f"wrote {args.markdown}")
     for dataset, labels in sorted(data.items()):
         for label, curve in sorted(labels.items()):

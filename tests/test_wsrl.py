@@ -307,6 +307,29 @@ def test_start_dip_and_last_by_hand(tmp_path):
     assert "make it" in text
 
 
+def test_last_as_a_mean_of_the_last_evaluations_and_a_context_dip_window(tmp_path):
+    """--last-evals K: 'last' (and the claims on it) is the mean of each run's last K evaluations, the final one
+    shown beside it; --context-dip-window adds the dips over a longer window as context, not as a claim."""
+    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)  # updates begin at 100
+    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
+    fake_run(tmp_path / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
+    fake_run(tmp_path / "nw1", {0: 30, 100: 25, 200: 20, 300: 50, 400: 60}, warmup_steps=0, seed=1)
+    fake_run(tmp_path / "sc0", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none", seed=0)
+    fake_run(tmp_path / "sc1", {0: 1, 100: 2, 200: 3, 300: 4, 400: 55}, checkpoint="none", seed=1)
+    out = tmp_path / "claims.md"
+    wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
+                    "--last-evals", "2", "--context-dip-window", "300"])
+    text = out.read_text()
+    assert "| last 2 (mean) | final |" in text and "last = the mean of the last 2 evaluations" in text
+    # WSRL's last two: (70, 60) and (50, 80): 65 and 65; finals 60 and 80
+    assert "| WSRL | 2 | 100 | 40.0 ± 10.0 | 25.0 ± 15.0 | 15.0 ± 5.0 | 65.0 ± 0.0 | 70.0 ± 10.0 | 400 |" in text
+    assert "WSRL's last-2 mean 65.0 vs its start 40.0: met (last >= start; in 2 of 2 seeds)" in text
+    # scratch's last two: (4, 75) and (4, 55): 39.5 and 29.5
+    assert "WSRL's last-2 mean 65.0 vs SAC from scratch's 34.5: met (WSRL >= scratch; in 2 of 2 seeds)" in text
+    # within 300 steps: WSRL's lowest 40 and 10 (dips 10, 20), no warm-up's 0 and 20 (dips 50, 10)
+    assert "within 300 env steps after the updates begin, the dip with warm-up 15.0 vs without 30.0" in text
+
+
 def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path):
     fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)
     fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10}, seed=1)  # stopped at 200 of its 400 steps
