@@ -282,16 +282,21 @@ def fake_run(folder, scores, **config):
         for step, score in scores.items()))
 
 
+def two_seeds_of_three_variants(folder):
+    """WSRL, no warm-up and SAC from scratch, seeds 0 and 1, with evaluations every 100 of 400 env steps."""
+    fake_run(folder / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)  # updates begin at 100
+    fake_run(folder / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
+    fake_run(folder / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
+    fake_run(folder / "nw1", {0: 30, 100: 25, 200: 20, 300: 50, 400: 60}, warmup_steps=0, seed=1)
+    fake_run(folder / "sc0", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none", seed=0)
+    fake_run(folder / "sc1", {0: 1, 100: 2, 200: 3, 300: 4, 400: 55}, checkpoint="none", seed=1)
+
+
 def test_start_dip_and_last_by_hand(tmp_path):
     """The claims table: start at step 0, the lowest evaluation in the window after updates begin (the step they
     begin at is still the frozen policy's), the last, mean over seeds, and the checks' verdicts, each with the
     seeds it holds in."""
-    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)  # updates begin at 100
-    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
-    fake_run(tmp_path / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
-    fake_run(tmp_path / "nw1", {0: 30, 100: 25, 200: 20, 300: 50, 400: 60}, warmup_steps=0, seed=1)
-    fake_run(tmp_path / "sc0", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none", seed=0)
-    fake_run(tmp_path / "sc1", {0: 1, 100: 2, 200: 3, 300: 4, 400: 55}, checkpoint="none", seed=1)
+    two_seeds_of_three_variants(tmp_path)
     out = tmp_path / "claims.md"
     wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
                     "--command", "make it"])
@@ -310,12 +315,7 @@ def test_start_dip_and_last_by_hand(tmp_path):
 def test_last_as_a_mean_of_the_last_evaluations_and_a_context_dip_window(tmp_path):
     """--last-evals K: 'last' (and the claims on it) is the mean of each run's last K evaluations, the final one
     shown beside it; --context-dip-window adds the dips over a longer window as context, not as a claim."""
-    fake_run(tmp_path / "w0", {0: 50, 100: 20, 200: 40, 300: 70, 400: 60}, seed=0)  # updates begin at 100
-    fake_run(tmp_path / "w1", {0: 30, 100: 30, 200: 10, 300: 50, 400: 80}, seed=1)
-    fake_run(tmp_path / "nw0", {0: 50, 100: 0, 200: 5, 300: 30, 400: 50}, warmup_steps=0, seed=0)  # begin at 64
-    fake_run(tmp_path / "nw1", {0: 30, 100: 25, 200: 20, 300: 50, 400: 60}, warmup_steps=0, seed=1)
-    fake_run(tmp_path / "sc0", {0: 1, 100: 2, 200: 3, 300: 4, 400: 75}, checkpoint="none", seed=0)
-    fake_run(tmp_path / "sc1", {0: 1, 100: 2, 200: 3, 300: 4, 400: 55}, checkpoint="none", seed=1)
+    two_seeds_of_three_variants(tmp_path)
     out = tmp_path / "claims.md"
     wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
                     "--last-evals", "2", "--context-dip-window", "300"])
