@@ -22,6 +22,12 @@ many seeds it holds; the dip's is met only when it holds for the mean and for ev
 mean of the pre-training run's last 10 evaluations up to the checkpoint fine-tuned (read from the folder the
 run's --checkpoint names), for a policy whose evaluations swing from one to the next, so that the start, one
 evaluation, is a single draw from that swing.
+
+`--last-evals K` makes "last" (in the table and the checks on it) the mean of each run's last K evaluations,
+with the final evaluation alone in a column beside it: a fine-tuned policy's deterministic evaluations swing
+from one to the next, so one is a single draw (default 1: the last evaluation, as the committed tables made
+before the option). `--context-dip-window W` adds, below the dip check and as context only, the dips within W
+env steps after the updates begin (computed over the evaluations a run has there).
 """
 
 from __future__ import annotations
