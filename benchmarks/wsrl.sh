@@ -25,7 +25,8 @@
 # The defaults here (PRE_STEPS, ONLINE_STEPS, WARMUP) are a fraction of the paper's; set them for your machine (a GPU: --device cuda through COMMON). EVAL_EVERY (online
 # evaluations, env steps) and DIP_WINDOW (env steps after the updates begin in which the dip is looked for) shape
 # the claims table, and so do LAST_EVALS ("last" = the mean of a run's last this many evaluations; default 1, the
-# last alone) and CONTEXT_DIP_WINDOW (the dips over a longer window too, as context); PRE_EVAL_EVERY is the pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
+# last alone) and CONTEXT_DIP_WINDOW (the dips over a longer window too, as context); PRE_EVAL_EVERY is the
+# pre-training's evaluation period (gradient steps). DATASET and RESULTS (a
 # path without suffix) move it to other data. SEEDS (default "0 1 2") runs a subset: each seed's runs are the
 # same whichever subset they were started in, so a later call with all seeds skips them. STAGE=pre stops after the
 # pre-training (to pre-train one seed while another fine-tunes). DRY_RUN=1 prints the commands instead of running
