@@ -92,7 +92,6 @@ def install(manifest: dict, destination: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    rollout.pin_blas()  # the selection's sampled returns as the dataset commands compute them (offrl.data.rollout)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--env-key", required=True, help="folder name and dataset id part, e.g. hopper")

@@ -196,9 +196,7 @@ def datasets_validate(args) -> None:
 
 
 def datasets_make(args) -> None:
-    from offrl.data import rollout, suite
-
-    rollout.pin_blas()  # before any matrix product: the same data on every CPU (offrl.data.rollout)
+    from offrl.data import suite
 
     custom = [args.env, args.policy, args.steps, args.custom_id]
     if any(v is not None for v in custom):
@@ -228,9 +226,7 @@ def datasets_make(args) -> None:
 def datasets_verify(args) -> None:
     import minari
 
-    from offrl.data import rollout, suite
-
-    rollout.pin_blas()  # regenerate as `datasets make` makes (offrl.data.rollout)
+    from offrl.data import suite
 
     ids = [args.dataset_id] if args.dataset_id else [i for i in sorted(minari.list_local_datasets())
                                                      if suite.stored_info(i).get("checksum")]

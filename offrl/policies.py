@@ -72,9 +72,9 @@ class Policy:
         """This policy computing in float64 and returning float32 actions. CPUs differ in the last bits
         of float32 results (BLAS summation order, SIMD tanh/exp, vectorized randn), and one differing bit
         makes a MuJoCo trajectory diverge; in float64 such differences (~1e-16) rarely survive the rounding
-        to float32. Rarely is not never: the BLAS's own kernels are pinned too when data are made
-        (offrl.data.rollout.pin_blas), and `offrl datasets make` warns when a checksum differs from the
-        committed one."""
+        to float32, so most datasets come out with the same checksum on other machines. Not all: on a Xeon
+        with AMX halfcheetah medium and medium-expert differed (README; the cause was not pinned down), and
+        `offrl datasets make` warns when a checksum differs from the committed one."""
         to64 = lambda t: None if t is None else t.double()  # noqa: E731
         actor = copy.deepcopy(self.actor).double()
         return replace(self, actor=actor, obs_mean=to64(self.obs_mean), obs_std=to64(self.obs_std), dtype=torch.float64)

@@ -2,10 +2,7 @@
 InvertedPendulum-v5 with a manifest of the same format as the real behaviour policies."""
 
 import json
-import os
 import shutil
-import subprocess
-import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -208,67 +205,6 @@ def test_generation_is_the_same_with_other_cpu_kernels(policy_root, tmp_path, mo
                       "--steps", "3000", "--id", "test/kernels-v0", "--ref-min-score", "0", "--ref-max-score", "1").stdout
         checksums.add(out.split("checksum ")[1].split()[0])
     assert len(checksums) == 1
-
-
-BLAS_PRODUCT = """
-import hashlib, sys, torch
-from offrl.data import rollout
-g = torch.Generator().manual_seed(0)
-x, w = torch.randn(64, 256, generator=g, dtype=torch.float64), torch.randn(256, 256, generator=g, dtype=torch.float64)
-if sys.argv[1] == "late":
-    x @ w
-pinned = rollout.pin_blas() if sys.argv[1] in ("pin", "late") else None
-print(pinned, rollout.blas_pinned(), hashlib.sha1((x @ w).numpy().tobytes()).hexdigest())
-"""
-
-
-def blas_product(mode: str, **env):
-    environ = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | env
-    out = subprocess.run([PYTHON, "-c", BLAS_PRODUCT, mode], env=environ, capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
-@pytest.mark.skipif(rollout.blas_pinned() is None, reason="this torch has no MKL")
-def test_pin_blas_runs_the_branch_the_reference_data_were_made_with():
-    """MKL picks its kernels by CPU, and their summation orders differ in the last bits (enough, rarely, to change
-    a MuJoCo rollout: offrl.data.rollout). pin_blas sets, before MKL's first call, the branch MKL's documented
-    environment variable names (MKL_CBWR=SSE4_2, the reference data's), and is refused once MKL has been used."""
-    _, _, reference = blas_product("none", MKL_CBWR="SSE4_2")
-    assert blas_product("pin") == ["True", "True", reference]
-    assert blas_product("pin", MKL_CBWR="AVX2") == ["True", "True", reference]  # another branch asked for at start
-    own = blas_product("none")
-    assert own[:2] == ["None", "False"]
-    late = blas_product("late")
-    assert late[:2] == ["False", "False"] and late[2] == own[2]
-
-
-def test_ensure_makes_suite_data_in_a_child_process(policy_root, monkeypatch):
-    """A training process that needs a suite dataset made has a child process (pinned, as `offrl datasets make`)
-    make it: pinning its own MKL would slow all it trains afterwards, and unpinned its data could differ in bits."""
-    monkeypatch.setattr(rollout, "_warned_unpinned", False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        suite.ensure("offrl/pendulum/medium-v0")
-    assert suite.exists("offrl/pendulum/medium-v0")
-    if rollout.blas_pinned() is not None:
-        assert rollout.blas_pinned() is False  # this process left as it was
-        assert not [w for w in caught if "MKL" in str(w.message)]  # no rollout ran here, unpinned
-
-
-def test_sampled_policy_warns_once_in_an_unpinned_process(policy_root, monkeypatch):
-    monkeypatch.setattr(rollout, "_warned_unpinned", False)
-    monkeypatch.setattr(rollout, "blas_pinned", lambda: False)
-    policy = policies.load_policy(policy_root / "pendulum" / "expert.pt")
-    with pytest.warns(UserWarning, match="may differ in bits"):
-        rollout.sampled_policy(policy, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        rollout.sampled_policy(policy, 0)  # once per process
-    monkeypatch.setattr(rollout, "_warned_unpinned", False)
-    monkeypatch.setattr(rollout, "blas_pinned", lambda: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        rollout.sampled_policy(policy, 0)
 
 
 def test_generation_shows_progress(capsys):

@@ -14,9 +14,6 @@ learner's policy changed while its replay buffer filled.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import warnings
-from pathlib import Path
 from typing import Callable, Sequence
 
 import gymnasium as gym
@@ -38,62 +35,9 @@ def uniform_policy(action_space: gym.spaces.Box, seed: int) -> PolicyFn:
     return act
 
 
-# ---------------------------------------------------------------------- one set of BLAS kernels on every CPU
-# MKL, torch's BLAS on x86, picks its kernels by CPU (AVX-512 ones on a Xeon, SSE4.2 ones on an AMD EPYC), and each
-# kernel sums a matrix product in its own order. Computing in float64 hides most of that in the rounding to float32
-# actions, not all of it, and one differing bit makes a MuJoCo trajectory diverge: under its own kernels a Xeon with
-# AMX made halfcheetah medium and medium-expert and hopper medium-expert with other bytes than the committed
-# reference. MKL's Conditional Numerical Reproducibility mode runs one branch of kernels on every CPU that has it;
-# the reference checksums come from an AMD EPYC, where MKL ran its SSE4.2 branch, and pinned to that branch the
-# Xeon regenerates all of them. The branch can be set only before MKL's first call in a process, and it then holds
-# for the whole process (SSE4.2 matrix products are several times slower than AVX-512 ones): so the dataset
-# commands pin their own process (`offrl datasets make`, `verify`), and a training run that needs a suite dataset
-# made has a child process make it (`suite.ensure`).
-MKL_CBWR_BRANCH, MKL_CBWR_SSE4_2, MKL_CBWR_SUCCESS = 1, 8, 0  # mkl_cbwr.h
-DATA_BLAS_BRANCH = MKL_CBWR_SSE4_2
-_warned_unpinned = False
-
-
-def _mkl_cbwr():
-    """(get, set) of MKL's reproducibility mode from the MKL inside torch, or None without MKL (e.g. on ARM)."""
-    libraries = [None, *Path(torch.__file__).parent.joinpath("lib").glob("libtorch_cpu*")]
-    for library in libraries:
-        try:
-            lib = ctypes.CDLL(library if library is None else str(library))
-            get, set_ = lib.mkl_serv_cbwr_get, lib.mkl_serv_cbwr_set
-        except (OSError, AttributeError):
-            continue
-        get.argtypes = set_.argtypes = [ctypes.c_int]
-        get.restype = set_.restype = ctypes.c_int
-        return get, set_
-    return None
-
-
-def blas_pinned() -> bool | None:
-    """True when this process's MKL runs the data's pinned branch, False when it runs another, None without MKL."""
-    cbwr = _mkl_cbwr()
-    return None if cbwr is None else cbwr[0](MKL_CBWR_BRANCH) == DATA_BLAS_BRANCH
-
-
-def pin_blas() -> bool | None:
-    """Pin this process's MKL to the data's branch of kernels (above); call it before anything multiplies a
-    matrix. True when pinned (now or before), None without MKL, False when too late (MKL was used already)."""
-    cbwr = _mkl_cbwr()
-    if cbwr is None:
-        return None
-    return cbwr[0](MKL_CBWR_BRANCH) == DATA_BLAS_BRANCH or cbwr[1](DATA_BLAS_BRANCH) == MKL_CBWR_SUCCESS
-
-
 def sampled_policy(policy: Policy, seed: int, deterministic: bool = False) -> PolicyFn:
     """A policy file's actor, sampling with its own seeded generator (or its mode), computing in float64
-    (`Policy.in_float64`) with MKL's pinned kernels (when the process pinned them: above), so that the actions,
-    and so the data, are the same on every CPU; warns once when this process's MKL is not pinned."""
-    global _warned_unpinned
-    if blas_pinned() is False and not _warned_unpinned:
-        _warned_unpinned = True
-        warnings.warn("this process's MKL runs its own CPU's kernels, not the pinned ones the dataset commands use "
-                      "(offrl.data.rollout.pin_blas, before any matrix product): data made here may differ in bits "
-                      "from other machines' (`offrl datasets make` pins them)", stacklevel=2)
+    so that the actions, and so the data, are the same on every CPU (`Policy.in_float64`)."""
     policy = policy.in_float64()
     generator = torch.Generator(device=policy.device).manual_seed(seed)
 

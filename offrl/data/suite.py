@@ -14,9 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -411,9 +410,8 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
     checksum = write_minari_dataset(dataset_id, made, overwrite=overwrite)
     reference = reference_checksums().get(dataset_id)
     if reference is not None and reference != checksum:
-        # seen on a 2-core Xeon with AMX (halfcheetah medium and medium-expert, hopper medium-expert) before the
-        # dataset commands pinned MKL's kernels (offrl.data.rollout); still possible without MKL (e.g. on ARM) or in
-        # a process that multiplied matrices before making data. The data are of the same recipe, not the
+        # seen on a 2-core Xeon with AMX: halfcheetah medium and medium-expert, hopper medium-expert (float
+        # differences in the rollouts, over long chaotic episodes); the data are of the same recipe, not the
         # reference's bytes
         print(f"warning: {dataset_id} made here has checksum {checksum}, the committed reference {reference} "
               f"({reference_checksums_path()}): this machine does not regenerate it exactly (floating-point "
@@ -493,18 +491,7 @@ def verify(dataset_id: str) -> dict:
 
 
 def ensure(dataset_id: str) -> None:
-    """Make an offrl dataset when it is not on disk yet (no-op for other ids). A suite dataset is made by a child
-    process (`offrl datasets make`) unless this one's MKL is pinned already: pinning it here would slow whatever
-    this process trains afterwards (offrl.data.rollout, "one set of BLAS kernels")."""
-    from offrl.data import rollout
-
-    if dataset_id in suite_ids() and not exists(dataset_id) and rollout.blas_pinned() is False:
-        made = subprocess.run([sys.executable, "-m", "offrl.cli", "datasets", "make", dataset_id],
-                              stdout=2, check=False)  # its lines to stderr, as below
-        if made.returncode != 0 or not exists(dataset_id):
-            raise DatasetError(dataset_id, f"making it failed (`offrl datasets make {dataset_id}` exited "
-                                           f"{made.returncode}; its output is above)")
-        return
+    """Make an offrl dataset when it is not on disk yet (no-op for other ids)."""
     if dataset_id in known_ids() and not exists(dataset_id):
         result = make(dataset_id)
         print(f"made {dataset_id}: {result['transitions']} transitions, {result['episodes']} episodes in "
