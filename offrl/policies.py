@@ -73,7 +73,7 @@ class Policy:
         of float32 results (BLAS summation order, SIMD tanh/exp, vectorized randn), and one differing bit
         makes a MuJoCo trajectory diverge; in float64 such differences (~1e-16) rarely survive the rounding
         to float32, so most datasets come out with the same checksum on other machines. Not all: on a Xeon
-        with AMX halfcheetah medium and medium-expert differed (README; the cause was not pinned down), and
+        with AMX halfcheetah medium and medium-expert differed (README: MKL's choice of kernels, in part), and
         `offrl datasets make` warns when a checksum differs from the committed one."""
         to64 = lambda t: None if t is None else t.double()  # noqa: E731
         actor = copy.deepcopy(self.actor).double()
