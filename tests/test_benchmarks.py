@@ -898,6 +898,43 @@ def test_committed_riql_reward_scale_table_regenerates_from_its_committed_run_fo
         "not what the committed run folders give; make it again with the script's last command (DRY_RUN=1 prints it)")
 
 
+WSRL_100K_ONLINE_30K = {"SEEDS": "0 1 2", "JOBS": "2", "COMMON": "--run.precision bf16", "PRE_COMMON": "--run.compile",
+                        "ONLINE_COMMON": "--run.compile", "PRE_STEPS": "100000", "PRE_EVAL_EVERY": "2500",
+                        "ONLINE_STEPS": "30000", "WARMUP": "5000", "EVAL_EVERY": "500", "DIP_WINDOW": "3000",
+                        "LAST_EVALS": "10", "CONTEXT_DIP_WINDOW": "5000",
+                        "RESULTS": "results/wsrl-hopper-medium-100k-online30k"}
+
+
+def test_committed_wsrl_30k_tables_regenerate_from_their_committed_run_folders(tmp_path):
+    """results/wsrl-hopper-medium-100k-online30k{.md,-claims.md,.json} are what benchmarks/wsrl.sh's two render
+    commands (DRY_RUN=1 prints them; results/README gives the settings) make from the committed run folders, byte
+    for byte (the PNG is left out: matplotlib's bytes are not the point)."""
+    import os
+    import shlex
+    import subprocess
+
+    out = "results/wsrl-hopper-medium-100k-online30k/runs"
+    printed = subprocess.run(["bash", "benchmarks/wsrl.sh", out], cwd=ROOT, check=True, text=True, capture_output=True,
+                             env={**os.environ, **WSRL_100K_ONLINE_30K, "DRY_RUN": "1"}, timeout=120).stdout
+    commands = [shlex.split(line) for line in printed.splitlines()]
+    plot, table = commands[-2], commands[-1]
+    assert plot[:3] == ["python", "-m", "benchmarks.wsrl_plot"] and table[:3] == ["python", "-m", "benchmarks.table"]
+    results = ROOT / WSRL_100K_ONLINE_30K["RESULTS"]
+    moved = {}
+    for command in (plot, table):
+        for option in ("--out", "--markdown"):
+            if option in command:
+                path = Path(command[command.index(option) + 1])
+                moved[path.name] = ROOT / path
+                command[command.index(option) + 1] = str(tmp_path / path.name)
+        subprocess.run([PYTHON, *command[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    names = [f"{results.name}.md", f"{results.name}-claims.md", f"{results.name}.json"]
+    assert sorted(moved) == sorted([f"{results.name}.png", *names[:2]])
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (results.parent / name).read_bytes(), \
+            f"{name}: not what the committed run folders give; render it again (results/README, WSRL)"
+
+
 def test_a_sweep_refuses_finished_runs_made_with_other_options(tmp_path):
     """A finished run counts as the sweep's only if the sweep's command line for it gives the config it was made
     with (up to what a resume may change): else the table would mix configs under one label."""
