@@ -19,11 +19,25 @@ def _grads(params, step):
     return [torch.randn(p.shape, generator=gen) for p in params]
 
 
+def _count_torch_steps(opt):
+    """opt.torch_steps counts the steps torch's own Adam step took (the others took the fast path)."""
+    opt.torch_steps = 0
+    torch_step = opt._torch_step
+
+    def counted(closure=None):
+        opt.torch_steps += 1
+        return torch_step(closure)
+
+    opt._torch_step = counted
+
+
 def _run(opt_class, steps=6, tensor_lr=False, schedule=True, skip_grad_at=None, reload_at=None, **kwargs):
     params = _params()
     opt = opt_class([{"params": params[:2], "lr": 1e-3}, {"params": params[2:], "lr": 3e-4}], fused=True, **kwargs)
     if tensor_lr:
         graph_safe(opt)
+    if opt_class is Adam:
+        _count_torch_steps(opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, [cosine_decay(steps), constant]) if schedule else None
     for step in range(steps):
         for i, (p, g) in enumerate(zip(params, _grads(params, step))):
@@ -37,19 +51,19 @@ def _run(opt_class, steps=6, tensor_lr=False, schedule=True, skip_grad_at=None, 
     return params, opt
 
 
-@pytest.mark.parametrize("options", [
-    {},
-    {"tensor_lr": True},
-    {"weight_decay": 0.1},
-    {"weight_decay": 0.1, "decoupled_weight_decay": True},
-    {"skip_grad_at": 3},
-    {"reload_at": 2},
-    {"amsgrad": True},
+@pytest.mark.parametrize("options, torch_steps", [
+    ({}, 1),  # of 6: the first step creates the state
+    ({"tensor_lr": True}, 1),
+    ({"weight_decay": 0.1}, 1),
+    ({"weight_decay": 0.1, "decoupled_weight_decay": True}, 1),
+    ({"skip_grad_at": 3}, 3),  # step 3 lacks a gradient; its plan is listed again at step 4
+    ({"reload_at": 2}, 2),  # loaded state: new tensors, listed again at the next step
+    ({"amsgrad": True}, 6),  # amsgrad's groups are sent to torch's step
 ])
-def test_fast_step_equals_torch_fused_adam_bit_for_bit(options):
+def test_fast_step_equals_torch_fused_adam_bit_for_bit(options, torch_steps):
     ours, our_opt = _run(Adam, **options)
     torchs, torch_opt = _run(torch.optim.Adam, **options)
-    assert our_opt._plan is not None  # listed: the fast path ran (amsgrad's groups are sent to torch's step)
+    assert our_opt.torch_steps == torch_steps  # the others took the fast path
     for a, b in zip(ours, torchs):
         assert torch.equal(a, b)
     ours_state, torch_state = our_opt.state_dict(), torch_opt.state_dict()
@@ -123,18 +137,21 @@ def test_copied_and_pickled_optimizers_step_as_the_original():
     params, opt = _stepped()
     assert opt._plan is not None
     model = {"params": params, "opt": opt}
+    reference, _ = _stepped(torch.optim.Adam, steps=4)
     for copy_of in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert copy_of["opt"]._plan is None  # its states are new tensors: listed again at its next step
-        for step in (2, 3):
+        _count_torch_steps(copy_of["opt"])
+        for step in (2, 3, 4):
             for p, q, g in zip(params, copy_of["params"], _grads(params, step)):
                 p.grad, q.grad = g, g.clone()
             copy_of["opt"].step()
-        assert copy_of["opt"]._plan is not None
+            if step == 3:
+                assert all(torch.equal(q, r) for q, r in zip(copy_of["params"], reference))
+        assert copy_of["opt"].torch_steps == 1  # the first step after the copy; then the fast path
     for step in (2, 3):
         for p, g in zip(params, _grads(params, step)):
             p.grad = g
         opt.step()
-    reference, _ = _stepped(torch.optim.Adam, steps=4)
     assert all(torch.equal(p, r) for p, r in zip(params, reference))
 
 
@@ -163,15 +180,22 @@ def test_an_added_param_group_is_stepped():
 def test_switching_a_group_to_amsgrad_leaves_the_fast_path():
     params, opt = _stepped()
     reference, torch_opt = _stepped(torch.optim.Adam)
+    plain, plain_opt = _stepped(torch.optim.Adam)  # what a step that ignored amsgrad would give
     opt.param_groups[0]["amsgrad"] = torch_opt.param_groups[0]["amsgrad"] = True
     for state in (opt.state, torch_opt.state):
         for entry in state.values():
-            entry["max_exp_avg_sq"] = torch.zeros_like(entry["exp_avg_sq"])
-    for p, r, g in zip(params, reference, _grads(params, 5)):
-        p.grad, r.grad = g, g.clone()
+            entry["max_exp_avg_sq"] = entry["exp_avg_sq"] * 4  # above the new second moment: amsgrad changes the step
+    _count_torch_steps(opt)
+    for p, r, a, g in zip(params, reference, plain, _grads(params, 5)):
+        p.grad, r.grad, a.grad = g, g.clone(), g.clone()
     opt.step()
     torch_opt.step()
+    plain_opt.step()
+    assert opt.torch_steps == 1
     assert all(torch.equal(p, r) for p, r in zip(params, reference))
+    assert not any(torch.equal(p, a) for p, a in zip(params, plain))
+    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        assert all(torch.equal(opt.state[p][key], torch_opt.state[r][key]) for p, r in zip(params, reference))
 
 
 def test_adamw_keeps_decoupled_decay_and_its_fused_step_after_loading_older_state():

@@ -204,7 +204,7 @@ def shared_models(tmp_path_factory):
 @pytest.mark.parametrize("algo", sorted(ALGORITHM_ARGS))
 def test_a_non_finite_loss_stops_every_algorithm(tiny, tmp_path, algo, shared_models, monkeypatch):
     """From step 25 on every loss the algorithm logs is NaN (inf for every other algorithm): the run stops
-    at step 25 naming each loss, exits non-zero, and its checkpoint is the one of step 20, intact."""
+    at step 25 naming each loss, exits non-zero, and its checkpoint is the one of step 20 (it loads)."""
     monkeypatch.setenv("OFFRL_MODELS", str(shared_models))
     value = "inf" if sorted(ALGORITHM_ARGS).index(algo) % 2 else "nan"
     args = ["-m", f"algos.{algo}", "--steps", "40", "--log.every", "1", "--run.checkpoint-every", "10", "--eval.every", "0",
@@ -222,19 +222,7 @@ def test_a_non_finite_loss_stops_every_algorithm(tiny, tmp_path, algo, shared_mo
     assert f"became {value} at step 25" in message and "last good checkpoint (step 20)" in message, message
     named = message.split(": ", 2)[2].split(" became")[0].split(", ")
     assert sorted(named) == losses, message
+    # the fault poisons only the logged losses, not the networks, so the checkpoint's values say nothing here: what
+    # counts is that it loads and is the one from before the bad step (nothing was written after it)
     state = ckpt.load(the_run(tmp_path / "poisoned") / "checkpoints" / "last.pt")
     assert state["step"] == 20
-    tensors = []
-
-    def collect(tree):
-        if isinstance(tree, torch.Tensor):
-            tensors.append(tree)
-        elif isinstance(tree, dict):
-            for v in tree.values():
-                collect(v)
-        elif isinstance(tree, (list, tuple)):
-            for v in tree:
-                collect(v)
-
-    collect(state["objects"])
-    assert all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())

@@ -145,6 +145,7 @@ def test_dt_compiled_takes_the_eager_updates(tiny):
         metrics = [agent.update(batch) for batch in batches]
         results.append((agent, metrics))
     (eager, eager_metrics), (compiled, compiled_metrics) = results
+    assert eager._loss == eager.loss and compiled._loss != compiled.loss  # the compiled run did compile its loss
     explained = torch._dynamo.explain(eager.loss)(batches[0])
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     assert eager_metrics[0]["action_loss"] != eager_metrics[1]["action_loss"]

@@ -41,9 +41,14 @@ def test_policy_file_round_trip(tmp_path, cls, kind):
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
     expected = actor.act(torch.as_tensor((obs - mean) / std)).numpy()
     np.testing.assert_allclose(policy.act(obs), expected, rtol=1e-6)
-    sampled = [policy.act(obs, deterministic=False, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
-    np.testing.assert_array_equal(sampled[0], sampled[1])
+    sampled = [policy.act(obs, deterministic=False, generator=torch.Generator().manual_seed(seed)) for seed in (3, 3, 4)]
+    np.testing.assert_array_equal(sampled[0], sampled[1])  # one seed, one draw
     assert (np.abs(sampled[0]) <= [2.0, 1.0]).all()
+    if kind == "deterministic":  # no noise to draw: its actions are its mode's
+        np.testing.assert_array_equal(sampled[0], policy.act(obs))
+        np.testing.assert_array_equal(sampled[0], sampled[2])
+    else:  # drawn around the mode, by the generator
+        assert not np.allclose(sampled[0], policy.act(obs)) and not np.allclose(sampled[0], sampled[2])
 
 
 def test_a_file_that_is_not_a_policy_is_refused(tmp_path):

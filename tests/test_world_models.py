@@ -342,8 +342,14 @@ def test_penalties_on_a_hand_built_two_member_ensemble():
     # q per elite at s + mu_i: elite 0 -> 2 * (s0 + 1) + s1, elite 1 -> 2 * (s0 + 3) + s1 + 2: a gap of 6
     u = bellman_penalty(model, obs, torch.zeros(2, 1), policy, target_q, samples=4)
     torch.testing.assert_close(u, torch.full((2,), 6.0 / math.sqrt(2.0)), atol=1e-4, rtol=0)  # Bessel-corrected std
-    step = model_step(model, obs, torch.zeros(2, 1), lambda s: s[:, 0] > 100, torch.Generator().manual_seed(0))
-    assert set(step.rewards.round().tolist()) <= {5.0, 7.0}  # a random elite per row
+    many = torch.zeros(400, 2)
+    step = model_step(model, many, torch.zeros(400, 1), lambda s: s[:, 0] > 100, torch.Generator().manual_seed(0))
+    rewards = step.rewards.round()
+    assert set(rewards.tolist()) == {5.0, 7.0}  # an elite drawn per row, not one for the batch
+    assert 150 < (rewards == 5.0).sum() < 250  # uniformly over the two elites
+    moved = step.next_observations - many  # each row's state moves by its own elite's mean (1, 0) or (3, 2)
+    torch.testing.assert_close(moved, torch.where((rewards == 5.0)[:, None], torch.tensor([1.0, 0.0]),
+                                                  torch.tensor([3.0, 2.0])), atol=1e-6, rtol=0)
 
 
 def test_rollouts_stop_at_terminals_and_the_buffer_keeps_the_last_rounds():

@@ -220,6 +220,8 @@ def test_compiled_critics_take_the_eager_update(tiny):
         metrics = [agent.update(wsrl.sample_slices(buffer, None, cfg)) for _ in range(3)]
         results.append((agent, metrics))
     (eager, eager_metrics), (compiled, compiled_metrics) = results
+    for name in ("critic", "critic_target"):
+        assert getattr(compiled, name)._compiled_call_impl is not None and getattr(eager, name)._compiled_call_impl is None
     assert_compiled_critics_train_as_eager(compiled, eager, compiled_metrics, eager_metrics)
     # the step benchmarks/speed.py times: one UTD update from the dataset
     cfg = wsrl.Config(batch_size=64, hidden=(32, 32), offline_ratio=0.5)
@@ -540,12 +542,15 @@ def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critic
             if cfg.lagrange else torch.zeros(())
         return loss, lagrange, drawn
 
-    for seed in range(4):  # seeds 0..3 draw distinct and repeated pairs of the 5 critics
+    draws = []
+    for seed in range(4):  # seeds 0..3 draw distinct and repeated pairs of the 5 critics (checked below)
         results = []
         for compute in (lambda: agent.critic_loss(batch, lower), all_critics_loss):
             torch.manual_seed(seed)
             out = compute()
             loss, lagrange = (out[0], out[1]["lagrange_loss"]) if isinstance(out[1], dict) else out[:2]
+            if not isinstance(out[1], dict):
+                draws.append(len(set(out[2].tolist())))
             params = list(agent.critic.parameters()) + [agent.log_lagrange]
             grads = torch.autograd.grad(loss + lagrange, params, allow_unused=True)
             results.append((loss.detach(), lagrange.detach(), [g if g is not None else torch.zeros_like(p)
@@ -555,6 +560,7 @@ def test_subsampled_penalty_evaluates_only_the_drawn_critics_with_the_all_critic
         assert lagrange.item() == pytest.approx(lagrange_all.item(), rel=1e-5, abs=1e-6)
         for g, g_all in zip(grads, grads_all):
             torch.testing.assert_close(g, g_all, rtol=1e-4, atol=1e-5)
+    assert 1 in draws and 2 in draws, draws  # a critic drawn twice (its penalty weighted twice) and two distinct
 
 
 def test_subsampled_target_without_entropy_backup():
