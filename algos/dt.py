@@ -339,7 +339,17 @@ def eval_policies(cfg: Config, agent: DT, metadata: dict, targets=None) -> dict[
     return {"eval": ReturnConditionedActor(agent, target), "eval_half_target": ReturnConditionedActor(agent, target / 2)}
 
 
+def check_config(cfg: Config) -> None:
+    """Shapes that would fail inside the model (or divide by zero), said before a run folder is made."""
+    if cfg.context < 1 or cfg.layers < 1 or cfg.heads < 1 or cfg.embed_dim % cfg.heads:
+        raise OffrlError(f"--context {cfg.context} --layers {cfg.layers} --heads {cfg.heads} --embed-dim "
+                         f"{cfg.embed_dim}: context, layers and heads at least 1, and heads dividing the embedding")
+    if not cfg.rtg_scale > 0:
+        raise OffrlError(f"--rtg-scale {cfg.rtg_scale}: returns-to-go are divided by it; must be > 0")
+
+
 def train(cfg: Config) -> dict:
+    check_config(cfg)
     refuse_reward_transform(cfg.data, "dt")
     refuse_weighted_sampling(cfg.data, "dt", "segments from uniformly drawn start rows")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)

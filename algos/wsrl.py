@@ -317,10 +317,13 @@ def check_config(cfg: Config) -> None:
 def train(cfg: Config) -> dict:
     check_config(cfg)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    pretrained = from_pretrained(cfg)
+    if pretrained and not cfg.resume:  # a checkpoint that does not fit is refused before a run folder is made
+        load_pretrained(WSRL(cfg, data, torch.device("cpu")), pretrained_path(cfg.checkpoint, cfg.seed), cfg,
+                        data.metadata.get("env_id"))
     run = Run("wsrl", cfg, data)
     loop = EnvLoop(make_env(data.metadata), cfg.seed)
     agent = WSRL(cfg, data, run.device)
-    pretrained = from_pretrained(cfg)
     if pretrained and run.start_step == 0:  # a resumed run restores its own state instead
         load_pretrained(agent, pretrained_path(cfg.checkpoint, cfg.seed), cfg, data.metadata.get("env_id"))
     online = ReplayBuffer(data.obs_dim, data.act_dim, cfg.buffer_size, run.device, seed=cfg.seed)

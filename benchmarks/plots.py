@@ -176,8 +176,12 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--reps", type=int, default=stats.REPS, help="bootstrap replicates of every CI")
     parser.add_argument("--bootstrap-seed", type=int, default=stats.SEED)
     args = parser.parse_args(argv)
-    summary = table.summarize(table.collect(args.roots, args.metric), "plots", None, reps=args.reps,
-                              seed=args.bootstrap_seed, profiles=True, curves=True)
+    groups = table.collect([root for root in args.roots if root.is_dir()], args.metric)
+    if not groups:
+        raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
+                         f"{', '.join(map(str, args.roots))}")
+    summary = table.summarize(groups, "plots", None, reps=args.reps, seed=args.bootstrap_seed, profiles=True,
+                              curves=True)
     written = write_plots(summary, args.out_dir)
     for _, path in written:
         print(path)

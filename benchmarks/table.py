@@ -55,12 +55,35 @@ def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
     return report
 
 
+def metric_rows(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a last line cut off mid-write (a process killed while logging) is left out,
+    a damaged line before it is an error."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise ValueError(f"line {i + 1} is not JSON ({e})") from None
+    return rows
+
+
 def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: tuple[int, int] | None = None) -> dict | None:
+    """One finished run's numbers (None when it has no final.json); a damaged record stops with its folder named."""
+    try:
+        return _read_run(run_dir, metric, reevaluate)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise SystemExit(f"error: run folder {run_dir}: cannot read its records ({type(e).__name__}: {e}); "
+                         "mend or move the folder aside") from None
+
+
+def _read_run(run_dir: Path, metric: str, reevaluate: tuple[int, int] | None) -> dict | None:
     final_path = run_dir / "final.json"
     if not final_path.exists():
         return None
     final = json.loads(final_path.read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = metric_rows(run_dir / "metrics.jsonl")
     evals = [r[metric] for r in rows if metric in r]
     curve = {r["step"]: r[metric] for r in rows if metric in r and "step" in r}  # a redone step keeps its last value
     times = [r["time"] for r in rows if "time" in r]
@@ -510,15 +533,27 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--reps", type=int, default=stats.REPS, help="bootstrap replicates of every CI")
     parser.add_argument("--bootstrap-seed", type=int, default=stats.SEED, help="numpy seed of every bootstrap")
     args = parser.parse_args(argv)
+    missing = [str(root) for root in args.roots if not root.is_dir()]
+    if len(missing) == len(args.roots):  # before --out is written: a mistyped folder would empty the table
+        parser.error(f"no such sweep folder: {', '.join(missing)}")
+    for root in missing:  # e.g. a grid class not started yet
+        print(f"note: no sweep folder {root} (no runs there yet?)", file=sys.stderr)
+    if args.reps < 1 or (args.reevaluate is not None and args.reevaluate < 1):
+        parser.error("--reps and --reevaluate take a positive number")
     reevaluate = (args.reevaluate, args.reeval_seed) if args.reevaluate else None
     if not stats.implementation().startswith("rliable"):
         print(f"note: rliable did not import ({stats.IMPORT_ERROR}); the same statistics come from "
               "benchmarks/stats.py's copy of its bootstrap. pip install -e '.[stats]'", file=sys.stderr)
     extras = args.json is not None or args.plots is not None
-    summary = summarize(collect(args.roots, args.metric, reevaluate, args.variants, args.datasets), args.title, args.command,
+    groups = collect(args.roots, args.metric, reevaluate, args.variants, args.datasets)
+    diverged = collect_diverged(args.roots, args.variants, args.datasets)
+    finished = any(next(root.glob("*/*/*/*/final.json"), None) for root in args.roots if root.is_dir())
+    if not groups and (finished or not diverged):  # nothing to tabulate (or a mistyped --metric): keep --out as it is
+        raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
+                         f"{', '.join(map(str, args.roots))}{' (after --variants/--datasets)' if args.variants or args.datasets else ''}")
+    summary = summarize(groups, args.title, args.command,
                         args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
-                        profiles=extras, curves=extras,
-                        diverged=collect_diverged(args.roots, args.variants, args.datasets))
+                        profiles=extras, curves=extras, diverged=diverged)
     links = None
     if args.plots is not None:
         from benchmarks import plots

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from offrl.errors import OffrlError
 
@@ -107,6 +108,10 @@ def eval_command(args) -> None:
 
     if args.episodes is not None and args.episodes < 1:
         raise OffrlError(f"--episodes {args.episodes}: must be at least 1")
+    if args.seed is not None and args.seed < 0 or args.threads is not None and args.threads < 0:
+        raise OffrlError(f"--seed {args.seed} / --threads {args.threads}: neither may be negative")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).absolute().parent.is_dir()):
+        raise OffrlError(f"--out {args.out}: not a file in an existing folder")  # before minutes of evaluation
     report = evaluate_saved_run(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                                 targets=args.targets, threads=args.threads)
     if args.out:
@@ -202,6 +207,7 @@ def datasets_make(args) -> None:
     if any(v is not None for v in custom):
         if not all(v is not None for v in custom):
             raise OffrlError("your own dataset needs all of --env, --policy, --steps and --id")
+        suite.check_dataset_id(args.custom_id)  # before minutes of rollouts, not after
         if suite.exists(args.custom_id) and not args.force:  # refuse before minutes of rollouts, not after
             raise OffrlError(f"{args.custom_id} already exists at {suite.local_path(args.custom_id)} (use --force to replace it)")
         made = suite.make_custom(args.env, args.policy, args.steps, args.seed, args.deterministic,

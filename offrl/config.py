@@ -181,12 +181,15 @@ class TrainConfig(RunConfigBase):
 
 
 def resolve_device(name: str) -> torch.device:
+    from offrl.errors import OffrlError
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise OffrlError(f"--device {name}: not a device torch knows (auto, cpu, cuda, cuda:1, ...): {e}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        from offrl.errors import OffrlError
-
         raise OffrlError(f"--device {name}: CUDA is not available on this machine")
     return device
 

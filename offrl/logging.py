@@ -61,19 +61,34 @@ def git_commit() -> str | None:
         return None
 
 
+def write_json(path: Path, value, **dumps) -> None:
+    """Write a run record atomically (a temp file beside it, then os.replace): a process killed mid-write leaves
+    the old record whole, never a cut-off one that the next resume cannot read."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, **dumps))
+    os.replace(tmp, path)
+
+
 class Logger:
     def __init__(self, run_dir: Path, config: dict, log_cfg, algo: str, dataset: str, device,
                  wandb_id: str | None = None, resumed: bool = False, concurrent: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        write_json(self.run_dir / "config.json", config, indent=2, default=str)
         env_path = self.run_dir / "environment.json"
         info = environment_info(device)
         if resumed and env_path.exists():  # keep where the run started; record each resume's environment
-            started = json.loads(env_path.read_text())
+            try:
+                started = json.loads(env_path.read_text())
+            except ValueError:  # damaged outside offrl (its own writes are atomic): keep it aside, record anew
+                env_path.replace(env_path.with_name(env_path.name + ".damaged"))
+                print(f"warning: {env_path} could not be read; kept as {env_path.name}.damaged, a new record "
+                      "starts with this resume", file=sys.stderr)
+                started = {"resumes": []}
             started.setdefault("resumes", []).append(info)
             info = started
-        env_path.write_text(json.dumps(info, indent=2))
+        write_json(env_path, info, indent=2)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._file = open(self.metrics_path, "a")
         self.wandb_run = None

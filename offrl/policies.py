@@ -79,6 +79,11 @@ class Policy:
         actor = copy.deepcopy(self.actor).double()
         return replace(self, actor=actor, obs_mean=to64(self.obs_mean), obs_std=to64(self.obs_std), dtype=torch.float64)
 
+    def obs_dim(self) -> int | None:
+        """The observation size the actor reads (its first linear layer's inputs), None if it has none."""
+        first = next((m for m in self.actor.modules() if isinstance(m, torch.nn.Linear)), None)
+        return None if first is None else first.in_features
+
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
         x = torch.as_tensor(np.asarray(obs), dtype=self.dtype, device=self.device)
         return (x - self.obs_mean) / self.obs_std if self.obs_mean is not None else x

@@ -38,7 +38,7 @@ from offrl.config import resolve_device, to_dict
 from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
-from offrl.logging import Logger, Progress, truncate_metrics
+from offrl.logging import Logger, Progress, truncate_metrics, write_json
 from offrl.nets import gradient_step, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
@@ -101,6 +101,33 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_run_options(cfg: Any, total_steps: int, phased: bool = False) -> None:
+    """Options every run shares whose bad values would otherwise fail late (at the first evaluation, after steps
+    that then have no checkpoint), pass silently (a run of no steps) or look like a divergence (a batch of 0 rows
+    gives NaN losses). `phased`: an algorithm whose phases count the steps (MBRCSL: --steps 0 makes rollouts only)."""
+    problems = []
+    if cfg.steps < 0 or (total_steps < 1 and not phased):
+        problems.append(f"--steps {cfg.steps}: a run trains at least one step")
+    if cfg.seed < 0:
+        problems.append(f"--seed {cfg.seed}: seeds are 0 or more")
+    if cfg.eval.episodes < 1:
+        problems.append(f"--eval.episodes {cfg.eval.episodes}: an evaluation runs at least one episode "
+                        "(--eval.every 0 evaluates only at the end)")
+    if cfg.eval.every < 0 or cfg.log.every < 1 or cfg.run.checkpoint_every < 0:
+        problems.append(f"--eval.every {cfg.eval.every} / --log.every {cfg.log.every} / --run.checkpoint-every "
+                        f"{cfg.run.checkpoint_every}: evaluation and checkpoint periods are 0 (only at the end) or "
+                        "more, the logging period 1 or more")
+    if cfg.seed + cfg.eval.seed_offset < 0:
+        problems.append(f"--eval.seed-offset {cfg.eval.seed_offset}: the evaluation episodes reset with seed + "
+                        "offset + i, which must not be negative")
+    if cfg.run.threads < 0:
+        problems.append(f"--run.threads {cfg.run.threads}: 1 or more (0: torch's default)")
+    if getattr(cfg, "batch_size", 1) < 1:
+        problems.append(f"--batch-size {cfg.batch_size}: a batch holds at least one row")
+    if problems:
+        raise OffrlError("; ".join(problems))
+
+
 class Run:
     def __init__(self, algo: str, cfg: Any, data: Any = None, total_steps: int | None = None,
                  concurrent: bool = False):
@@ -110,6 +137,7 @@ class Run:
         runs live in the same process (several seeds trained as one, `offrl.multiseed`)."""
         self.algo, self.cfg = algo, cfg
         self.total_steps = cfg.steps if total_steps is None else int(total_steps)
+        check_run_options(cfg, self.total_steps, phased=total_steps is not None)  # before a folder is made
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
@@ -154,6 +182,7 @@ class Run:
                 self.resume_from.replace(self.resume_from.with_name(self.resume_from.name + ".damaged"))
             self.resume_from = loaded
             ckpt.remove_stale_temporaries(self.resume_from.parent)
+            ckpt.remove_stale_temporaries(self.dir)  # run records a killed write left (offrl.logging.write_json)
             self._check_same_config(self._restored_state)
             if data_record is not None:
                 self._check_same_data(data_record)
@@ -218,17 +247,26 @@ class Run:
         'auto': the same, or None (start a new run) when there is none."""
         if resume in ("latest", "auto"):
             base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
-            candidates = sorted((p for p in base.glob(f"{self.cfg.seed}-*") if ckpt.has_checkpoint(p)),
-                                key=self._checkpoint_time)
+            # --log.name names the run folder: only that one is this run (another name's run, finished or not,
+            # is not to be extended)
+            pattern = self.cfg.log.name or f"{self.cfg.seed}-*"
+            folders = [base / self.cfg.log.name] if self.cfg.log.name else base.glob(pattern)
+            candidates = sorted((p for p in folders if ckpt.has_checkpoint(p)), key=self._checkpoint_time)
             if not candidates:
                 if resume == "auto":
                     return None
-                raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{self.cfg.seed}-*")
+                raise CheckpointError(f"--resume latest: no run with a checkpoint under {base}/{pattern}")
             return candidates[-1], ckpt.run_checkpoint(candidates[-1])
         path = Path(resume)
         if path.is_dir() and ckpt.has_checkpoint(path):
             return path, ckpt.run_checkpoint(path)
         if path.is_file():
+            # only a checkpoint inside a run folder (<run>/checkpoints/<file>): a copy elsewhere would make its
+            # grandparent folder, whatever it holds, the run folder that is then written to
+            if path.parent.name != "checkpoints" or not (path.parent.parent / "config.json").is_file():
+                raise CheckpointError(f"--resume {resume}: not a checkpoint inside a run folder "
+                                      "(<run>/checkpoints/<file> beside <run>/config.json); copy the whole run "
+                                      "folder to resume elsewhere")
             return path.parent.parent, path
         raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
 
@@ -266,7 +304,11 @@ class Run:
         """The data a resumed run trains on must be what it trained on: the same file and the same preprocessing
         (a dataset made again differently, or another offrl computing another reward scale, would change it)."""
         path = self.dir / "dataset.json"
-        saved = json.loads(path.read_text()) if path.exists() else {}
+        try:
+            saved = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            raise CheckpointError(f"{path} could not be read, so the data this run trained on cannot be checked: "
+                                  "restore it, or start a new run folder") from None
         if not saved.get("trained_checksum"):
             return  # a run folder from before offrl recorded it
         current = json.loads(json.dumps(record, default=str))
@@ -285,7 +327,7 @@ class Run:
 
     def _record_data(self, data: Any, record: dict[str, Any]) -> None:
         meta = data.metadata
-        (self.dir / "dataset.json").write_text(json.dumps(record, indent=2, default=str))
+        write_json(self.dir / "dataset.json", record, indent=2, default=str)
         from offrl.data.sources import missing_reference_scores
 
         warning = missing_reference_scores(meta)
@@ -476,9 +518,7 @@ class Run:
             **(extra or {}),
         }
         # atomically: a sweep, its --status and the tables read final.json as the sign of a finished run
-        tmp = self.dir / ".final.json.tmp"  # a killed write's is removed at the next resume
-        tmp.write_text(json.dumps(final, indent=2))
-        os.replace(tmp, self.dir / "final.json")
+        write_json(self.dir / "final.json", final, indent=2)  # a killed write's temp is removed at the next resume
         self.logger.close()
         self._restore_signals()
         self._folder_claim.close()

@@ -318,6 +318,20 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
     only = tmp_path / "only"
     shutil.copytree(run, only / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep")
     assert "(no finished runs)" in (empty := table.main([str(only)])) and "| bc | offrl/tiny-v0 | 1 | 40 |" in empty
+    # nothing to tabulate at all (a mistyped folder or metric): an error, and --out keeps what it held
+    (tmp_path / "kept.md").write_text("the table")
+    for args in ([str(tmp_path / "mistyped")], [str(copy), "--metric", "eval/no-such-metric"]):
+        with pytest.raises(SystemExit):
+            table.main([*args, "--out", str(tmp_path / "kept.md")])
+        assert (tmp_path / "kept.md").read_text() == "the table"
+    # a metrics.jsonl cut off mid-line (a run killed while logging) still reads; a damaged finished run is named
+    metrics = run.parent / "0-sweep" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 61, "eval/norm')
+    assert "| bc | offrl/tiny-v0 | 1 (+1 diverged) |" in table.main([str(copy), "--reps", "200"])
+    metrics.write_text('{"step": 1, "eval/norm\n' + metrics.read_text())
+    with pytest.raises(SystemExit, match="0-sweep: cannot read its records .*line 1 is not JSON"):
+        table.main([str(copy), "--reps", "200"])
+    metrics.write_text(metrics.read_text().split("\n", 1)[1])
     # a diverged folder beside a finished run of the same seed is refused, as two finished folders are
     shutil.copytree(run, run.parent / "0-again")
     (run.parent / "0-again" / "config.json").write_text((run.parent / "0-sweep" / "config.json").read_text())

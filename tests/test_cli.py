@@ -91,6 +91,47 @@ def test_help_documents_every_option(algo):
     assert text.count("(default:") >= len(list(flags(module.Config)))
 
 
+@pytest.mark.parametrize("algo, options, says", [
+    ("bc", ["--eval.episodes", "0"], "--eval.episodes 0"),  # failed at the first evaluation, after unsaved steps
+    ("bc", ["--eval.seed-offset", "-101"], "--eval.seed-offset -101"),
+    ("bc", ["--steps", "-5"], "--steps -5"),  # trained nothing and wrote a final.json
+    ("bc", ["--batch-size", "0"], "--batch-size 0"),  # NaN losses, reported as a divergence
+    ("bc", ["--seed", "-1"], "--seed -1"),
+    ("bc", ["--run.threads", "-1"], "--run.threads -1"),
+    ("bc", ["--device", "bogus"], "--device bogus"),
+    ("bc", ["--frac", "0"], "--frac 0"),
+    ("iql", ["--data.reward-scale", "nan"], "--data.reward-scale nan"),
+    ("dt", ["--heads", "3", "--embed-dim", "16"], "--heads 3"),
+])
+def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, tmp_path, algo, options, says):
+    result = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "20", "--log.wandb", "disabled",
+                     "--run.out-dir", str(tmp_path / "runs"), *options, check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error:") and says in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_takes_only_its_own_run_folder(tiny, tmp_path):
+    """--resume auto with --log.name resumes that folder only (it extended another name's finished run); a
+    checkpoint file outside a run folder is refused (its grandparent folder became the run folder)."""
+    common = [PYTHON, "-m", "algos.bc", "--log.wandb", "disabled", "--eval.episodes", "1", "--hidden", "16", "16",
+              "--run.out-dir", str(tmp_path / "runs")]
+    run_cli(*common, "--steps", "30", "--log.name", "0-short")
+    short = tmp_path / "runs" / "bc" / "offrl-tiny-v0" / "0-short"
+    final = (short / "final.json").read_text()
+    run_cli(*common, "--steps", "60", "--log.name", "0-long", "--resume", "auto")
+    assert (short / "final.json").read_text() == final  # left as it finished
+    assert json.loads((short.parent / "0-long" / "final.json").read_text())["steps"] == 60
+    home = tmp_path / "home"
+    (home / "saved").mkdir(parents=True)
+    (home / "config.json").write_text("mine")
+    (home / "saved" / "bc.pt").write_bytes((short / "checkpoints" / "last.pt").read_bytes())
+    result = run_cli(*common, "--steps", "60", "--resume", str(home / "saved" / "bc.pt"), check=False)
+    assert result.returncode != 0 and "not a checkpoint inside a run folder" in result.stderr, result.stderr
+    assert sorted(p.name for p in home.iterdir()) == ["config.json", "saved"]
+    assert (home / "config.json").read_text() == "mine"
+
+
 def test_datasets_commands(tiny, tmp_path):
     listed = run_cli("offrl", "datasets", "list").stdout
     assert "offrl/tiny-v0" in listed and "local" in listed
@@ -106,6 +147,29 @@ def test_datasets_commands(tiny, tmp_path):
     assert refused.returncode == 1 and "already exists" in refused.stderr
     unknown = run_cli("offrl", "train", "nope", check=False)
     assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
+
+
+def test_more_bad_values_refused_up_front(tiny, tmp_path):
+    """Values that hung (a sweep with --jobs 0), cost minutes first (your own dataset's id, checked after its
+    rollouts), or trained silently on nothing (a dynamics model without a hold-out to pick elites on)."""
+    from benchmarks import sweep
+
+    for jobs in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            sweep.main(["--name", "j", "--out-dir", str(tmp_path / "s"), "--variant", "a=bc", "--datasets", tiny,
+                        "--seeds", "0", "--steps", "20", "--jobs", jobs])
+    with pytest.raises(SystemExit):
+        sweep.main(["--name", "j", "--out-dir", str(tmp_path / "s"), "--variant", "a=bc --hidden '16", "--datasets",
+                    tiny, "--seeds", "0", "--steps", "20"])
+    assert not (tmp_path / "s").exists()
+    for bad_id in ("noversion", "a b/c-v0", "../escape-v0"):
+        result = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "missing.pt",
+                         "--steps", "100", "--id", bad_id, check=False)
+        assert result.returncode != 0 and "not a dataset id of the form" in result.stderr, result.stderr
+    result = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, "--model.holdout-ratio", "0",
+                     "--cache-dir", str(tmp_path / "models"), check=False)
+    assert result.returncode != 0 and "--model.holdout-ratio 0" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
 
 
 @pytest.mark.parametrize("algo, warns", [("sac", True), ("td3_bc", False)])

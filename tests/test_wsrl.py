@@ -420,6 +420,9 @@ def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tm
         wsrl.train(config(tmp_path, pretrained, offline_ratio=0.1))
     with pytest.raises(OffrlError, match="raw states"):
         wsrl.train(config(tmp_path, pretrained, data=DataConfig(normalize_states=True)))
+    with pytest.raises(CheckpointError, match="its actor does not fit"):  # refused before a run folder is made
+        wsrl.train(config(tmp_path / "unfit", pretrained, hidden=(16, 16)))
+    assert not (tmp_path / "unfit").exists()
     cfg = config(tmp_path, pretrained, hidden=(16, 16))
     agent = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
     with pytest.raises(CheckpointError, match=r"its actor does not fit.*'hidden': \[32, 32\], 'num_critics': 10"):

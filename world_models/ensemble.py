@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from offrl.errors import OffrlError
 from offrl.nets import EnsembleLinear, EnsembleMLP, autocast
 from offrl.optim import adam
 
@@ -76,6 +77,17 @@ class EnsembleConfig:
     model's cache key only as bf16, so float32 models keep the keys they had."""
 
 
+def check_config(cfg: EnsembleConfig) -> None:
+    """Option values the ensemble cannot be built or trained with (before anything is cached)."""
+    if len(cfg.weight_decay) != len(cfg.hidden) + 1:
+        raise OffrlError(f"--model.weight-decay: one value per layer ({len(cfg.hidden) + 1}), got "
+                         f"{len(cfg.weight_decay)}")
+    if not 0 < cfg.elites <= cfg.members:
+        raise OffrlError(f"--model.elites {cfg.elites}: must be in 1..--model.members ({cfg.members})")
+    if not 0 < cfg.holdout_ratio < 1:  # elites are picked, and training stops, on the hold-out error
+        raise OffrlError(f"--model.holdout-ratio {cfg.holdout_ratio}: must be in (0, 1)")
+
+
 class DynamicsEnsemble(nn.Module):
     """E Gaussian models of [s' - s, r] given (s, a); `forward` returns means and bounded log-variances
     [E, B, obs_dim + 1] for raw (unnormalized) inputs."""
@@ -83,10 +95,7 @@ class DynamicsEnsemble(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, cfg: EnsembleConfig | None = None):
         super().__init__()
         cfg = cfg or EnsembleConfig()
-        if len(cfg.weight_decay) != len(cfg.hidden) + 1:
-            raise ValueError(f"weight_decay needs one value per layer ({len(cfg.hidden) + 1}), got {len(cfg.weight_decay)}")
-        if not 0 < cfg.elites <= cfg.members:
-            raise ValueError(f"elites must be in 1..members ({cfg.members}), got {cfg.elites}")
+        check_config(cfg)
         self.obs_dim, self.act_dim, self.cfg = obs_dim, act_dim, cfg
         self.out_dim = obs_dim + 1
         self.net = EnsembleMLP(cfg.members, obs_dim + act_dim, 2 * self.out_dim, cfg.hidden, activation=nn.SiLU)

@@ -33,7 +33,8 @@ from offrl.data.dataset import Dataset
 from offrl.data.sources import NEXT_ROW, UNKNOWN_AT_EPISODE_ENDS
 from offrl.errors import CheckpointError, OffrlError
 from offrl.nets import warn_if_emulated_bf16
-from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, fit, transitions_to_training
+from world_models.ensemble import (DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, check_config, fit,
+                                   transitions_to_training)
 
 FORMAT = "offrl-dynamics-v1"
 
@@ -175,6 +176,9 @@ def main(cfg: TrainModelConfig) -> Path:
     from offrl.data import load_dataset
     from offrl.data import suite
 
+    if cfg.threads < 0:
+        raise OffrlError(f"--threads {cfg.threads}: 1 or more (0: torch's default)")
+    check_config(cfg.model)  # before a cache entry is made for it
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     suite.ensure(cfg.dataset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ from offrl.data.buffer import Batch, ReplayBuffer
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing, StateNormalizer
 from offrl.data.sources import UNKNOWN_AT_EPISODE_ENDS, load_dataset
-from offrl.errors import DatasetError
+from offrl.errors import DatasetError, OffrlError
 
 __all__ = ["Batch", "Dataset", "DatasetError", "Preprocessing", "ReplayBuffer", "Spaces", "StateNormalizer",
            "TrainingData", "load_dataset", "load_for_training"]
@@ -76,6 +77,10 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
     from offrl.data import preprocess, suite
     from offrl.evaluation import make_env
 
+    if not (math.isfinite(data_cfg.reward_scale) and math.isfinite(data_cfg.reward_bias)):
+        # a NaN scale would show up later as a NaN loss, taken for a divergence
+        raise OffrlError(f"--data.reward-scale {data_cfg.reward_scale} / --data.reward-bias {data_cfg.reward_bias}: "
+                         "must be finite numbers")
     if data_cfg.make_if_missing:
         suite.ensure(source)
     dataset = load_dataset(source, env_id=data_cfg.env_id, download=data_cfg.download,

@@ -55,7 +55,7 @@ def top_trajectories(dataset: Dataset, frac: float, discount: float = 1.0) -> Da
     """Keep the best round(frac * episodes) episodes by (discounted) return, at least one (%BC; CORL ranks
     1000-row chunks instead and keeps max(1, int(frac * n)), see algos/bc.py)."""
     if not 0.0 < frac <= 1.0:
-        raise ValueError(f"frac must be in (0, 1], got {frac}")
+        raise OffrlError(f"--frac {frac}: the fraction of episodes kept must be in (0, 1]")
     if frac == 1.0:
         return dataset
     returns = dataset.episode_returns(discount)
@@ -72,8 +72,8 @@ def return_weights(dataset: Dataset, temperature: float = 0.1, max_episode_steps
     Deviation: the authors' d3rlpy wrapper computes G_hat but then applies the softmax to the raw
     returns (a leftover of their 'fix max-min normalization' change); we use G_hat, as their AW
     variant and the paper do."""
-    if temperature <= 0:
-        raise ValueError(f"return_temperature must be > 0, got {temperature}")
+    if not temperature > 0:
+        raise OffrlError(f"--data.return-temperature {temperature}: must be > 0")
     returns = dataset.episode_returns()
     ended = returns[ended_episodes(dataset, max_episode_steps)]
     spread = ended.max() - ended.min()

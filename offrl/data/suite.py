@@ -368,16 +368,35 @@ def _level_facts(manifest: dict) -> dict:
 def gym_spec(env_id: str):
     import gymnasium as gym
 
-    return gym.spec(env_id)
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as e:  # NameNotFound, VersionNotFound, ...
+        raise DatasetError(env_id, f"not a registered Gymnasium env ({e})") from None
 
 
-def _action_space(env_spec):
+def check_dataset_id(dataset_id: str) -> None:
+    """A Minari id, (namespace/)name-v<version> (minari's own rule), before anything is made under it."""
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(dataset_id)
+    except (TypeError, ValueError):  # minari's TypeError: an id without -v<version>
+        raise DatasetError(dataset_id, "not a dataset id of the form (namespace/)name-v<version>, e.g. "
+                                       "my/hopper/custom-v0") from None
+
+
+def _spaces(env_spec):
+    """(action space, observation space) of an env."""
     import gymnasium as gym
 
     env = gym.make(env_spec)
-    space = env.action_space
+    spaces = env.action_space, env.observation_space
     env.close()
-    return space
+    return spaces
+
+
+def _action_space(env_spec):
+    return _spaces(env_spec)[0]
 
 
 STITCH_ID = "offrl/pointmaze/umaze-stitch-v0"  # offrl.data.maze
@@ -508,10 +527,14 @@ def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, determ
 
     policy = load_policy(policy_path)
     env = gym_spec(env_id)
-    space = _action_space(env)
+    space, observation_space = _spaces(env)
     if policy.actor.action_scale.numel() != int(np.prod(space.shape)):
         raise DatasetError(policy_path, f"policy acts in {policy.actor.action_scale.numel()} dims, env {env_id} in "
                            f"{int(np.prod(space.shape))}")
+    obs_dim = policy.obs_dim()
+    if obs_dim is not None and obs_dim != int(np.prod(observation_space.shape)):
+        raise DatasetError(policy_path, f"policy reads {obs_dim} observation dims, env {env_id} gives "
+                           f"{int(np.prod(observation_space.shape))}")
     episodes = rollout.collect(env, rollout.sampled_policy(policy, seed, deterministic), steps, seed)
     ref_source = "given"
     if ref_min_score is None or ref_max_score is None:
