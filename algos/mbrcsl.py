@@ -344,7 +344,7 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 def train(cfg: Config) -> dict:
     refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "mbrcsl")
+    ModelData.check_raw(data, "mbrcsl", cfg.model)
     behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps
     run = Run("mbrcsl", cfg, data, total_steps=behaviour_steps + cfg.steps)
     device = run.device

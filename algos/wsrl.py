@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -318,9 +319,11 @@ def train(cfg: Config) -> dict:
     check_config(cfg)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     pretrained = from_pretrained(cfg)
-    if pretrained and not cfg.resume:  # a checkpoint that does not fit is refused before a run folder is made
-        load_pretrained(WSRL(cfg, data, torch.device("cpu")), pretrained_path(cfg.checkpoint, cfg.seed), cfg,
-                        data.metadata.get("env_id"))
+    path = pretrained_path(cfg.checkpoint, cfg.seed) if pretrained else None
+    # a checkpoint that does not fit is refused before a run folder is made (a resumed run restores its own
+    # state, so there only a checkpoint still on disk is checked)
+    if pretrained and (not cfg.resume or Path(path).exists()):
+        load_pretrained(WSRL(cfg, data, torch.device("cpu")), path, cfg, data.metadata.get("env_id"))
     run = Run("wsrl", cfg, data)
     loop = EnvLoop(make_env(data.metadata), cfg.seed)
     agent = WSRL(cfg, data, run.device)

@@ -232,11 +232,13 @@ canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps 
 canonical+=" MODEL_EPOCHS=$model_epochs"
 [ "$model_precision" = fp32 ] || canonical+=" MODEL_PRECISION=$model_precision"
 canonical+="${bf16:+ BF16='$bf16'}${compile:+ COMPILE='$compile'} benchmarks/grid.sh $out"
+table_rc=0  # no finished run at all is an error of the table's; the failed sweeps are still named below
 run python -m benchmarks.table "$out/grid-fast" "$out/grid-slow" "$out/grid-mopo" "$out/grid-mb-slow" \
   --out results/grid/grid.md --json results/grid/grid.json --plots results/grid/plots \
   --title "Offline RL grid: 10 algorithms on hopper, halfcheetah, walker2d x medium, medium-replay, medium-expert, 3 seeds, CPU budgets" \
-  --command "$canonical"
+  --command "$canonical" || table_rc=$?
 if [ ${#failed_sweeps[@]} -gt 0 ]; then
   echo "runs failed in: ${failed_sweeps[*]} (see the logs beside their run folders); the table holds the finished runs" >&2
   exit 1
 fi
+exit "$table_rc"

@@ -69,28 +69,33 @@ def metric_rows(path: Path) -> list[dict]:
     return rows
 
 
-def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: tuple[int, int] | None = None) -> dict | None:
-    """One finished run's numbers (None when it has no final.json); a damaged record stops with its folder named."""
+def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | None]:
+    """(final.json, metrics rows, config.json, environment.json, dataset.json or None) of a finished run; a
+    damaged or missing record stops with its folder named."""
     try:
-        return _read_run(run_dir, metric, reevaluate)
+        data_record = run_dir / "dataset.json"  # the checksum of the data the run trained on (offrl.run)
+        records = (json.loads((run_dir / "final.json").read_text()), metric_rows(run_dir / "metrics.jsonl"),
+                   json.loads((run_dir / "config.json").read_text()),
+                   json.loads((run_dir / "environment.json").read_text()),
+                   json.loads(data_record.read_text()) if data_record.exists() else None)
+        for key in ("seed", "steps", "algo", "dataset"):
+            records[0][key]  # noqa: B018 (a final.json without them is damaged)
+        records[2]["eval"]["episodes"]  # noqa: B018
+        return records
     except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise SystemExit(f"error: run folder {run_dir}: cannot read its records ({type(e).__name__}: {e}); "
                          "mend or move the folder aside") from None
 
 
-def _read_run(run_dir: Path, metric: str, reevaluate: tuple[int, int] | None) -> dict | None:
-    final_path = run_dir / "final.json"
-    if not final_path.exists():
+def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: tuple[int, int] | None = None) -> dict | None:
+    """One finished run's numbers (None when it has no final.json)."""
+    if not (run_dir / "final.json").exists():
         return None
-    final = json.loads(final_path.read_text())
-    rows = metric_rows(run_dir / "metrics.jsonl")
+    final, rows, config, env, data = read_records(run_dir)
     evals = [r[metric] for r in rows if metric in r]
     curve = {r["step"]: r[metric] for r in rows if metric in r and "step" in r}  # a redone step keeps its last value
     times = [r["time"] for r in rows if "time" in r]
-    config = json.loads((run_dir / "config.json").read_text())
-    env = json.loads((run_dir / "environment.json").read_text())
-    data_record = run_dir / "dataset.json"  # the checksum of the data the run trained on (offrl.run)
-    data_checksum = json.loads(data_record.read_text()).get("checksum") if data_record.exists() else None
+    data_checksum = data.get("checksum") if data is not None else None
     final_score, episodes = final.get(metric), config["eval"]["episodes"]
     wall = final.get("wall_seconds")
     if "resumes" not in final and env.get("resumes"):
@@ -137,6 +142,17 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
                 row = label if len(metrics) == 1 else f"{label} [{metric.removesuffix('/normalized_score')}]"
                 groups[(row, run["dataset"])].append({**run, "variant": label})
     return groups
+
+
+def finished_runs(roots: list[Path], variants: list[str] | None = None, datasets: list[str] | None = None):
+    """The final.json files under sweep folders, of those variant labels / dataset ids (all when None)."""
+    for root in roots:
+        for final in root.glob("*/*/*/*/final.json") if root.is_dir() else ():
+            if variants is not None and final.parent.relative_to(root).parts[0] not in variants:
+                continue
+            if datasets is not None and json.loads(final.read_text()).get("dataset") not in datasets:
+                continue
+            yield final
 
 
 def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None,
@@ -547,7 +563,7 @@ def main(argv: list[str] | None = None) -> str:
     extras = args.json is not None or args.plots is not None
     groups = collect(args.roots, args.metric, reevaluate, args.variants, args.datasets)
     diverged = collect_diverged(args.roots, args.variants, args.datasets)
-    finished = any(next(root.glob("*/*/*/*/final.json"), None) for root in args.roots if root.is_dir())
+    finished = any(finished_runs(args.roots, args.variants, args.datasets))
     if not groups and (finished or not diverged):  # nothing to tabulate (or a mistyped --metric): keep --out as it is
         raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
                          f"{', '.join(map(str, args.roots))}{' (after --variants/--datasets)' if args.variants or args.datasets else ''}")

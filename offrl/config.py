@@ -157,7 +157,8 @@ class RunConfigBase:
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', ..."""
     resume: Optional[str] = None
-    """Continue a run: its folder, a checkpoint file, 'latest' (newest run of this algo/dataset/seed), or 'auto' (latest if any, else start one)."""
+    """Continue a run: its folder, a checkpoint file in it, 'latest' (newest run of this algo/dataset/seed; with
+    --log.name, of that name), or 'auto' (latest if any, else start one)."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     run: RunConfig = field(default_factory=RunConfig)

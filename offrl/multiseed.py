@@ -42,6 +42,8 @@ def seed_configs(cfg) -> list:
     seeds = list(cfg.seeds)
     if len(set(seeds)) != len(seeds):
         raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: a seed is given twice")
+    if cfg.log.name:  # one name for several seeds' folders: a resume would take one seed's for another's
+        raise OffrlError("--seeds with --log.name: each seed's run folder is named <seed>-<time>; leave --log.name out")
     data = getattr(cfg, "data", None)
     if data is not None and data.corrupt is not None and data.corruption_seed is None:
         raise OffrlError("--seeds with --data.corrupt: give --data.corruption-seed, so that every seed trains on the "

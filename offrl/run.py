@@ -20,9 +20,11 @@ uninterrupted one (CPU).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -243,14 +245,21 @@ class Run:
         return candidate
 
     def _find_resume(self, resume: str) -> tuple[Path, Path] | None:
-        """'latest': the newest run of this algo/dataset/seed with a checkpoint (an error if none);
-        'auto': the same, or None (start a new run) when there is none."""
+        """'latest': the newest run of this algo/dataset/seed with a checkpoint (an error if none); with --log.name,
+        the newest of that name's folders (<name>, or <name>-1, ... that a start beside a folder without a
+        checkpoint made); 'auto': the same, or None (start a new run) when there is none."""
         if resume in ("latest", "auto"):
             base = Path(self.cfg.run.out_dir) / self.algo / self.dataset_name
-            # --log.name names the run folder: only that one is this run (another name's run, finished or not,
-            # is not to be extended)
-            pattern = self.cfg.log.name or f"{self.cfg.seed}-*"
-            folders = [base / self.cfg.log.name] if self.cfg.log.name else base.glob(pattern)
+            name = self.cfg.log.name
+            # --log.name names the run folder: only that name's folders are this run (another name's run,
+            # finished or not, is not to be extended)
+            if name:
+                pattern = f"{name} (or {name}-<n>)"
+                folders = [p for p in base.glob(f"{glob.escape(name)}*")
+                           if re.fullmatch(re.escape(name) + r"(-\d+)?", p.name)]
+            else:
+                pattern = f"{self.cfg.seed}-*"
+                folders = base.glob(pattern)
             candidates = sorted((p for p in folders if ckpt.has_checkpoint(p)), key=self._checkpoint_time)
             if not candidates:
                 if resume == "auto":

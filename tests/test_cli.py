@@ -130,6 +130,14 @@ def test_resume_takes_only_its_own_run_folder(tiny, tmp_path):
     assert result.returncode != 0 and "not a checkpoint inside a run folder" in result.stderr, result.stderr
     assert sorted(p.name for p in home.iterdir()) == ["config.json", "saved"]
     assert (home / "config.json").read_text() == "mine"
+    # a named folder left without a checkpoint: the run starts beside it (<name>-1), and a later resume finds that
+    (short.parent / "0-crashed").mkdir()
+    run_cli(*common, "--steps", "30", "--log.name", "0-crashed", "--resume", "auto")
+    again = run_cli(*common, "--steps", "60", "--log.name", "0-crashed", "--resume", "auto")
+    assert "0-crashed-1" in again.stdout and not (short.parent / "0-crashed-2").exists()
+    assert json.loads((short.parent / "0-crashed-1" / "final.json").read_text())["steps"] == 60
+    result = run_cli(*common, "--steps", "30", "--seeds", "0", "1", "--log.name", "both", check=False)
+    assert result.returncode != 0 and "--seeds with --log.name" in result.stderr, result.stderr
 
 
 def test_datasets_commands(tiny, tmp_path):

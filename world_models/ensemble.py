@@ -77,15 +77,18 @@ class EnsembleConfig:
     model's cache key only as bf16, so float32 models keep the keys they had."""
 
 
-def check_config(cfg: EnsembleConfig) -> None:
-    """Option values the ensemble cannot be built or trained with (before anything is cached)."""
+def check_config(cfg: EnsembleConfig, training: bool = False) -> None:
+    """Option values the ensemble cannot be built with, and with `training` also trained with (before anything
+    is cached); a saved model loads whatever its training options were."""
     if len(cfg.weight_decay) != len(cfg.hidden) + 1:
         raise OffrlError(f"--model.weight-decay: one value per layer ({len(cfg.hidden) + 1}), got "
                          f"{len(cfg.weight_decay)}")
     if not 0 < cfg.elites <= cfg.members:
         raise OffrlError(f"--model.elites {cfg.elites}: must be in 1..--model.members ({cfg.members})")
-    if not 0 < cfg.holdout_ratio < 1:  # elites are picked, and training stops, on the hold-out error
-        raise OffrlError(f"--model.holdout-ratio {cfg.holdout_ratio}: must be in (0, 1)")
+    if training and not (0 < cfg.holdout_ratio < 1 and cfg.max_holdout >= 1):
+        # elites are picked, and training stops, on the hold-out error
+        raise OffrlError(f"--model.holdout-ratio {cfg.holdout_ratio} --model.max-holdout {cfg.max_holdout}: a "
+                         "hold-out of at least one row (a ratio in (0, 1))")
 
 
 class DynamicsEnsemble(nn.Module):
@@ -195,8 +198,9 @@ class EnsembleTrainer:
         self.rng = np.random.default_rng(seed)
         n = len(inputs)
         holdout = min(int(n * cfg.holdout_ratio), cfg.max_holdout)
-        if n - holdout < 1:
-            raise ValueError(f"too few transitions ({n}) to train a dynamics model")
+        if holdout < 1 or n - holdout < 1:  # elites and the stopping rule read the hold-out error
+            raise OffrlError(f"too few transitions ({n}) to train a dynamics model with a hold-out "
+                             f"(--model.holdout-ratio {cfg.holdout_ratio})")
         order = self.rng.permutation(n)
         self.holdout_rows, self.train_rows = order[:holdout], order[holdout:]
         self.inputs = torch.as_tensor(inputs, device=device)

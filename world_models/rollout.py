@@ -164,8 +164,13 @@ class ModelData:
         self.rng = SeededGenerator(device, seed + 3)
 
     @staticmethod
-    def check_raw(data, algo: str) -> None:
-        """Model-based algorithms learn the dynamics of the raw data: refuse normalized states or scaled rewards."""
+    def check_raw(data, algo: str, model_cfg=None) -> None:
+        """Model-based algorithms learn the dynamics of the raw data: refuse normalized states or scaled rewards
+        (and a dynamics-model config, `model_cfg`, that cannot train), before a run folder is made."""
+        if model_cfg is not None:
+            from world_models.ensemble import check_config
+
+            check_config(model_cfg, training=True)
         if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0 or data.preprocessing.reward_bias:
             from offrl.errors import OffrlError
 

@@ -178,7 +178,7 @@ def main(cfg: TrainModelConfig) -> Path:
 
     if cfg.threads < 0:
         raise OffrlError(f"--threads {cfg.threads}: 1 or more (0: torch's default)")
-    check_config(cfg.model)  # before a cache entry is made for it
+    check_config(cfg.model, training=True)  # before a cache entry is made for it
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     suite.ensure(cfg.dataset)
