@@ -565,8 +565,9 @@ def main(argv: list[str] | None = None) -> str:
     diverged = collect_diverged(args.roots, args.variants, args.datasets)
     finished = any(finished_runs(args.roots, args.variants, args.datasets))
     if not groups and (finished or not diverged):  # nothing to tabulate (or a mistyped --metric): keep --out as it is
+        filtered = " (after --variants/--datasets)" if args.variants or args.datasets else ""
         raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
-                         f"{', '.join(map(str, args.roots))}{' (after --variants/--datasets)' if args.variants or args.datasets else ''}")
+                         f"{', '.join(map(str, args.roots))}{filtered}")
     summary = summarize(groups, args.title, args.command,
                         args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
                         profiles=extras, curves=extras, diverged=diverged)
