@@ -328,7 +328,7 @@ def train(cfg: Config) -> dict:
     loop = EnvLoop(make_env(data.metadata), cfg.seed)
     agent = WSRL(cfg, data, run.device)
     if pretrained and run.start_step == 0:  # a resumed run restores its own state instead
-        load_pretrained(agent, pretrained_path(cfg.checkpoint, cfg.seed), cfg, data.metadata.get("env_id"))
+        load_pretrained(agent, path, cfg, data.metadata.get("env_id"))
     online = ReplayBuffer(data.obs_dim, data.act_dim, cfg.buffer_size, run.device, seed=cfg.seed)
     state = {"agent": agent, "buffer": online, "loop": loop}
     offline = None

@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks import stats
 from offrl.checkpoint import DIVERGED_FILE, diverged, run_checkpoint
+from offrl.logging import read_metrics
 
 
 def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
@@ -55,32 +56,18 @@ def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
     return report
 
 
-def metric_rows(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl; a last line cut off mid-write (a process killed while logging) is left out,
-    a damaged line before it is an error."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i < len(lines) - 1:
-                raise ValueError(f"line {i + 1} is not JSON ({e})") from None
-    return rows
-
-
 def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | None]:
     """(final.json, metrics rows, config.json, environment.json, dataset.json or None) of a finished run; a
     damaged or missing record stops with its folder named."""
     try:
         data_record = run_dir / "dataset.json"  # the checksum of the data the run trained on (offrl.run)
-        records = (json.loads((run_dir / "final.json").read_text()), metric_rows(run_dir / "metrics.jsonl"),
-                   json.loads((run_dir / "config.json").read_text()),
+        final, config = (json.loads((run_dir / name).read_text()) for name in ("final.json", "config.json"))
+        records = (final, read_metrics(run_dir / "metrics.jsonl"), config,
                    json.loads((run_dir / "environment.json").read_text()),
                    json.loads(data_record.read_text()) if data_record.exists() else None)
-        for key in ("seed", "steps", "algo", "dataset"):
-            records[0][key]  # noqa: B018 (a final.json without them is damaged)
-        records[2]["eval"]["episodes"]  # noqa: B018
+        missing = [key for key in ("seed", "steps", "algo", "dataset") if key not in final]
+        if missing or "episodes" not in config.get("eval", {}):
+            raise KeyError(f"final.json lacks {missing}" if missing else "config.json lacks eval.episodes")
         return records
     except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise SystemExit(f"error: run folder {run_dir}: cannot read its records ({type(e).__name__}: {e}); "
@@ -121,16 +108,8 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     ids (e.g. a few of a large sweep's rows beside a small study's)."""
     metrics = metrics or ["eval/normalized_score"]
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    roots = [roots] if isinstance(roots, Path) else roots
     seen: dict[tuple[str, str, str, int], Path] = {}  # (label, metric, dataset, seed) -> its run folder
-    finals = sorted({final.resolve(): (root, final) for root in roots
-                     for final in root.glob("*/*/*/*/final.json")}.values(), key=lambda rf: str(rf[1]))
-    for root, final in finals:  # a folder reached through two roots counts once
-        label = final.parent.relative_to(root).parts[0]
-        if variants is not None and label not in variants:
-            continue
-        if datasets is not None and json.loads(final.read_text())["dataset"] not in datasets:
-            continue
+    for label, final in finished_runs(roots, variants, datasets):
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
             if run is not None and run["final"] is not None:
@@ -144,15 +123,19 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     return groups
 
 
-def finished_runs(roots: list[Path], variants: list[str] | None = None, datasets: list[str] | None = None):
-    """The final.json files under sweep folders, of those variant labels / dataset ids (all when None)."""
-    for root in roots:
-        for final in root.glob("*/*/*/*/final.json") if root.is_dir() else ():
-            if variants is not None and final.parent.relative_to(root).parts[0] not in variants:
-                continue
-            if datasets is not None and json.loads(final.read_text()).get("dataset") not in datasets:
-                continue
-            yield final
+def finished_runs(roots: Path | list[Path], variants: list[str] | None = None, datasets: list[str] | None = None):
+    """(variant label, final.json) of the finished runs under sweep folders <root>/<label>/<algo>/<dataset>/<run>/,
+    of those labels / dataset ids (all when None), in path order; a folder reached through two roots counts once."""
+    roots = [roots] if isinstance(roots, Path) else roots
+    finals = sorted({final.resolve(): (root, final) for root in roots
+                     for final in root.glob("*/*/*/*/final.json")}.values(), key=lambda rf: str(rf[1]))
+    for root, final in finals:
+        label = final.parent.relative_to(root).parts[0]
+        if variants is not None and label not in variants:
+            continue
+        if datasets is not None and json.loads(final.read_text())["dataset"] not in datasets:
+            continue
+        yield label, final
 
 
 def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None,

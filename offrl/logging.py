@@ -136,6 +136,20 @@ def step_of(line: str) -> int | None:
         return None
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl. A last line cut off by a killed process is left out (a resume drops it
+    too: `truncate_metrics`); a damaged line before it raises ValueError naming it."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON ({e})") from None
+    return rows
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows logged after `last_step` (they came from steps a resumed run will redo), and a last
     line cut off by a killed process."""
