@@ -121,6 +121,10 @@ class Logger:
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
+    def metrics_bytes(self) -> int:
+        """metrics.jsonl's length now (every row is flushed as it is logged); a checkpoint records it."""
+        return os.fstat(self._file.fileno()).st_size
+
     def close(self) -> None:
         self._file.close()
         if self.wandb_run is not None:
@@ -150,12 +154,18 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after `last_step` (they came from steps a resumed run will redo), and a last
-    line cut off by a killed process."""
+def truncate_metrics(path: Path, last_step: int, checkpoint_bytes: int | None = None) -> None:
+    """Drop what a resumed run will log again: rows written after its checkpoint (`checkpoint_bytes`, the file's
+    length when the checkpoint was saved, where the checkpoint recorded it: this also drops rows of the
+    checkpoint's own step logged after it, such as a final evaluation after an early stop), rows logged after
+    `last_step`, and a last line cut off by a killed process. A file shorter than `checkpoint_bytes` (edited
+    since) is cut by step only."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
+    data = path.read_bytes()
+    if checkpoint_bytes is not None and len(data) >= checkpoint_bytes:
+        data = data[:checkpoint_bytes]
+    kept = [line for line in data.decode().splitlines()
             if line.strip() and (step := step_of(line)) is not None and step <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))

@@ -343,6 +343,23 @@ def test_resume_drops_a_cut_off_metrics_line_and_rows_after_its_checkpoint(tmp_p
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows
 
 
+def test_resume_drops_rows_logged_after_its_checkpoint_at_the_checkpoint_step(tmp_path):
+    """A checkpoint records metrics.jsonl's length: rows of its own step logged after it (a final evaluation after
+    an early stop's checkpoint) are dropped on resume, which logs them again. A file cut shorter since then is cut
+    by step alone."""
+    from offrl.logging import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    before = "".join(json.dumps({"step": s, "loss": 0.5 * s}) + "\n" for s in (10, 20, 30))
+    after = json.dumps({"step": 30, "eval/return_mean": 7.0}) + "\n" + json.dumps({"step": 40, "loss": 1.0}) + "\n"
+    path.write_text(before + after)
+    truncate_metrics(path, 30, checkpoint_bytes=len(before.encode()))
+    assert path.read_text() == before
+    path.write_text(before[: before.index('{"step": 30')])  # shorter than the checkpoint's record
+    truncate_metrics(path, 30, checkpoint_bytes=len(before.encode()))
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20]
+
+
 def test_resume_refuses_data_that_differs_from_what_the_run_trained_on(tiny, tmp_path):
     """dataset.json records the trained data's checksum (after preprocessing): a dataset made again differently,
     or another offrl computing another reward scale, would change the run halfway, so the resume is refused

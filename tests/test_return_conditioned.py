@@ -474,6 +474,12 @@ def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_pat
     (run_dir,) = [p for p in tmp_path.glob("rcsl/*/*") if p.is_dir()]
     first = json.loads((run_dir / "final.json").read_text())
     assert first["stopped_at_step"] < 3000  # it did stop early
+    def rows():  # without the wall-clock time
+        return [{k: v for k, v in json.loads(line).items() if k != "time"}
+                for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    first_rows = rows()
+    assert [r["step"] for r in first_rows if "eval/normalized_score" in r] == [first["stopped_at_step"]]
     (run_dir / "final.json").unlink()  # as if killed before writing it
     resumed = run_cli(PYTHON, "-m", "algos.rcsl", *args, "--resume", "latest")
     assert f"at step {first['stopped_at_step']}" in resumed.stderr
@@ -481,6 +487,8 @@ def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_pat
     for key in ("stopped_at_step", "best_holdout_loss"):
         assert again[key] == first[key], key
     assert again["eval/normalized_score"] == first["eval/normalized_score"]
+    # the final evaluation's rows, logged after the checkpoint at the same step, are dropped and logged again once
+    assert rows() == first_rows
 
 
 @pytest.mark.parametrize("algo, flag", [("dt", ["--data.normalize-reward"]), ("rcsl", ["--data.reward-scale", "0.1"]),
