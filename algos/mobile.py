@@ -166,13 +166,12 @@ def train(cfg: Config) -> dict:
     n_real = real_rows(cfg.batch_size, real_ratio)
     print(f"mobile: rollout length {horizon}, beta {penalty_coef}, alpha {'tuned' if tune_alpha else 'fixed'}, "
           f"real ratio {real_ratio}, elites {model_data.model.elites}")
-    rollout_metrics: dict[str, torch.Tensor] = {}
     for step in run.steps(state):
         if (step - 1) % cfg.rollout_every == 0:
-            rollout_metrics = model_data.rollout(agent.explore)
+            model_data.rollout(agent.explore)
         with run.precision():
             metrics = agent.update(model_data.batch(cfg.batch_size, real_ratio), n_real)
-        run.log(step, {**metrics, **rollout_metrics})
+        run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
     return run.finish({"model_file": model_file, "rollout_length": horizon, "penalty_coef": penalty_coef,

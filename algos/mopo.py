@@ -92,13 +92,12 @@ def train(cfg: Config) -> dict:
     agent = MOPO(cfg, data, run.device)
     state = {"agent": agent, **model_data.objects()}
     print(f"mopo: rollout length {horizon}, penalty coefficient {penalty_coef}, elites {model_data.model.elites}")
-    rollout_metrics: dict[str, torch.Tensor] = {}
     for step in run.steps(state):
         if (step - 1) % cfg.rollout_every == 0:
-            rollout_metrics = model_data.rollout(agent.explore, lambda s, o, a: aleatoric_penalty(s.std), penalty_coef)
+            model_data.rollout(agent.explore, lambda s, o, a: aleatoric_penalty(s.std), penalty_coef)
         with run.precision():
             metrics = agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
-        run.log(step, {**metrics, **rollout_metrics})
+        run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
     return run.finish({"model_file": model_file, "rollout_length": horizon, "penalty_coef": penalty_coef})

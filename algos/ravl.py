@@ -150,13 +150,12 @@ def train(cfg: Config) -> dict:
     agent = RAVL(cfg, data, run.device)
     state = {"agent": agent, **model_data.objects()}
     print(f"ravl: rollout length {horizon}, {cfg.num_critics} critics, eta {cfg.eta}, elites {model_data.model.elites}")
-    rollout_metrics: dict[str, torch.Tensor] = {}
     for step in run.steps(state):
         if (step - 1) % cfg.rollout_every == 0:
-            rollout_metrics = model_data.rollout(agent.explore)
+            model_data.rollout(agent.explore)
         with run.precision():
             metrics = agent.update(model_data.batch(cfg.batch_size, cfg.real_ratio))
-        run.log(step, {**metrics, **rollout_metrics})
+        run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
     return run.finish({"model_file": model_file, "rollout_length": horizon})

@@ -214,16 +214,19 @@ def load_or_previous(path: str | os.PathLike, map_location: str | torch.device =
 
 
 # Objects checkpoints hold only since a later version: an older checkpoint without one resumes with the
-# object as the run built it, and a warning (the dynamics model of MOPO/MOBILE/RAVL/MBRCSL: the cached one)
-ADDED_LATER = ("dynamics_model",)
+# object as the run built it, and a warning saying what that means
+ADDED_LATER = {
+    "dynamics_model": "the dynamics model this run loaded (the cache entry or --model-path)",
+    "last_rollout": "no rollout/* metrics logged until the next rollout round",
+}
 
 
 def load_state_dicts(objects: dict[str, Any], states: dict[str, Any], source: str) -> None:
     """Load each object's state, naming the object when keys or shapes do not match."""
     missing = sorted(set(objects) - set(states))
     if older := [name for name in missing if name in ADDED_LATER]:
-        print(f"warning: checkpoint {source} predates saving {', '.join(older)}; resuming with the one this run "
-              "loaded", file=sys.stderr)
+        print(f"warning: checkpoint {source} predates saving {', '.join(older)}; resuming with "
+              f"{'; '.join(ADDED_LATER[name] for name in older)}", file=sys.stderr)
         missing = [name for name in missing if name not in ADDED_LATER]
         objects = {name: obj for name, obj in objects.items() if name not in older}
     if missing:

@@ -39,12 +39,12 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
 
 
 def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
-    """Stopped after 100 steps and continued to 200, as one 200-step run (MOPO has no schedule that depends
-    on --steps; MOBILE's cosine actor schedule does, so its runs resume only with the same --steps), even when
-    the cached dynamics model changed in between."""
+    """Stopped after 150 steps (between two rollout rounds) and continued to 200, as one 200-step run (MOPO has
+    no schedule that depends on --steps; MOBILE's cosine actor schedule does, so its runs resume only with the
+    same --steps), even when the cached dynamics model changed in between."""
     args = ["--eval.every", "0", *FAST]
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "straight"))
-    run_cli(PYTHON, "-m", "algos.mopo", "--steps", "100", *args, "--run.out-dir", str(tmp_path / "split"))
+    run_cli(PYTHON, "-m", "algos.mopo", "--steps", "150", *args, "--run.out-dir", str(tmp_path / "split"))
     import torch
 
     from offrl import checkpoint as ckpt
@@ -64,9 +64,12 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
     assert finals[0] == finals[1] and "eval/return_mean" in finals[0]
     rows = [[{k: v for k, v in json.loads(line).items() if k not in volatile}
              for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
-    # the split run's first process ended with its own evaluation at step 100; every other row is the same
-    rows[1] = [row for row in rows[1] if not (row["step"] == 100 and any(k.startswith("eval/") for k in row))]
+    # the split run's first process ended with its own evaluation at step 150; every other row is the same, the
+    # rollout round's metrics (from step 101) in the resumed process's row at step 200 included
+    rows[1] = [row for row in rows[1] if not (row["step"] == 150 and any(k.startswith("eval/") for k in row))]
     assert rows[0] == rows[1] and len(rows[0]) > 4  # every logged row, the resumed steps included
+    resumed = [row for row in rows[1] if row["step"] > 150 and not any(k.startswith("eval/") for k in row)]
+    assert resumed and all("rollout/reward_mean" in row for row in resumed)
     states = [ckpt.load(r / "checkpoints" / "last.pt")["objects"] for r in runs]
 
     def tensors(tree, path=""):

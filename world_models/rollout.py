@@ -150,6 +150,20 @@ def load_dynamics(data, cfg, device: torch.device) -> tuple[DynamicsEnsemble, st
     return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
 
 
+class LastRollout:
+    """The latest rollout round's metrics, which every logged row repeats until the next round; checkpointed, so a
+    run resumed between two rounds logs them as a straight run does."""
+
+    def __init__(self):
+        self.metrics: dict[str, torch.Tensor] = {}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.metrics)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.metrics = dict(state)
+
+
 class ModelData:
     """What a model-based run keeps beside its agent: the dataset buffer, the model buffer (FIFO of
     `rollout_batch * horizon * retain_epochs` rows), the start-state sampler and the rollout RNG. All of
@@ -162,6 +176,7 @@ class ModelData:
         self.fake = ReplayBuffer(data.obs_dim, data.act_dim, rollout_batch * horizon * retain_epochs, device, seed=seed + 1)
         self.starts = ReplayBuffer.from_dataset(data.dataset, device, seed=seed + 2)
         self.rng = SeededGenerator(device, seed + 3)
+        self.last_rollout = LastRollout()
 
     @staticmethod
     def check_raw(data, algo: str, model_cfg=None) -> None:
@@ -190,16 +205,19 @@ class ModelData:
         """The checkpointed state. The dynamics model is in it too: a resume then rolls out the model the run
         started with, even when the cache entry or --model-path file was trained again meanwhile."""
         return {"real": self.real, "model_buffer": self.fake, "starts": self.starts, "rollout_rng": self.rng,
-                "dynamics_model": self.model}
+                "dynamics_model": self.model, "last_rollout": self.last_rollout}
 
     def rollout(self, policy: Callable[[torch.Tensor], torch.Tensor],
                 penalty: Callable[[Step, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                 penalty_coef: float = 0.0) -> dict[str, torch.Tensor]:
-        """One rollout round from `rollout_batch` dataset states; returns its metrics (tensors)."""
+        """One rollout round from `rollout_batch` dataset states; returns its metrics (tensors), kept in
+        `last_rollout` too."""
         stats = rollout(self.model, policy, self.starts.sample(self.rollout_batch).observations, self.horizon,
                         self.termination, self.fake, penalty, penalty_coef, self.rng.generator)
-        return {"rollout/transitions": stats.transitions, "rollout/reward_mean": stats.reward_mean,
-                "rollout/terminal_fraction": stats.terminal_fraction, "rollout/penalty_mean": stats.penalty_mean}
+        self.last_rollout.metrics = {
+            "rollout/transitions": stats.transitions, "rollout/reward_mean": stats.reward_mean,
+            "rollout/terminal_fraction": stats.terminal_fraction, "rollout/penalty_mean": stats.penalty_mean}
+        return self.last_rollout.metrics
 
     def batch(self, batch_size: int, real_ratio: float) -> Batch:
         return mixed_batch(self.real, self.fake, batch_size, real_ratio)
