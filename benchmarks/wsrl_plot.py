@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from offrl.logging import read_metrics
+
 
 def variant(config: dict) -> str:
     """A run's name from its wsrl config."""
@@ -69,13 +71,14 @@ def find_runs(path: Path) -> list[Path]:
 
 
 def eval_curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(env steps, scores, normalized?) of a run's evaluations, in step order (the last row of a step counts)."""
+    """(env steps, scores, normalized?) of a run's evaluations, in step order (the last row of a step counts). A last
+    line cut off by a killed process is left out; a damaged line before it stops with the line named."""
+    try:
+        rows = read_metrics(run_dir / "metrics.jsonl")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}; mend or move the run folder aside") from None
     by_step: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed process
-            continue
+    for row in rows:
         if "eval/return_mean" in row:
             by_step[int(row["step"])] = row
     steps = sorted(by_step)

@@ -618,3 +618,18 @@ def test_online_rewards_get_the_datasets_transform():
     assert buffer.storage[:n, 5].tolist() == [1.0] * (n - 1) + [-1.0]
     assert buffer.storage[n - 1, -1] == 1.0 and loop.episode_length == 0  # terminal stored, a new episode begun
     loop.env.close()
+
+
+def test_plot_leaves_out_a_cut_off_last_line_and_names_a_damaged_one(tmp_path):
+    """A killed process can cut the last metrics line short: left out. A damaged line before the last means a
+    damaged record: one line naming it, no traceback, rather than a curve silently missing an evaluation."""
+    two_seeds_of_three_variants(tmp_path)
+    metrics = tmp_path / "w0" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 500, "eval/ret')
+    data = wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png")])
+    (curves,) = data.values()
+    assert curves["WSRL"]["steps"][-1] == 400
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]))
+    with pytest.raises(SystemExit, match=r"metrics.jsonl: line 3 is not JSON .*mend or move the run folder aside"):
+        wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png")])
