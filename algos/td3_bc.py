@@ -81,7 +81,9 @@ def actor_loss(q_pi: torch.Tensor, pi: torch.Tensor, data_actions: torch.Tensor,
 
 class TD3BC(Stateful):
     STATE = ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt", "normalizer", "noise")
-    VALUES = ("updates",)
+    # the actor's metrics repeat in the rows of critic-only steps; checkpointed, so a resumed run logs them too
+    VALUES = ("updates", "actor_metrics")
+    VALUES_ADDED_LATER = ("actor_metrics",)
 
     def __init__(self, cfg: Config, data: TrainingData, device: torch.device):
         self.cfg = cfg
@@ -188,10 +190,10 @@ class TD3BCSeeds(SeedAgents):
 
     def __init__(self, cfgs: list[Config], data: TrainingData, device: torch.device):
         super().__init__(cfgs, data, device, lambda c: TD3BC(c, data, device),
-                         ("actor", "critic", "actor_target", "critic_target"), ("actor_opt", "critic_opt"))
+                         ("actor", "critic", "actor_target", "critic_target"), ("actor_opt", "critic_opt"),
+                         carried=("actor_metrics",))
         self.actor_opt = self.batch.batched_optimizers["actor_opt"]
         self.critic_opt = self.batch.batched_optimizers["critic_opt"]
-        self.actor_metrics: dict[str, torch.Tensor] = {}
         self._gradient_step = GraphedStep(self.gradient_step, device, self.cfg.run.cuda_graph,
                                           optimizers=(self.actor_opt, self.critic_opt))
 
@@ -219,8 +221,8 @@ class TD3BCSeeds(SeedAgents):
         noise = torch.stack([a.smoothing_noise(sample.actions[i]) for i, a in enumerate(self.agents)])
         metrics = self._gradient_step(sample, noise, with_actor, key=with_actor)
         if with_actor:
-            self.actor_metrics = {k: metrics[k] for k in ("actor_loss", "lambda")}
-        return {**metrics, **self.actor_metrics}
+            self.batch.carried["actor_metrics"] = {k: metrics[k] for k in ("actor_loss", "lambda")}
+        return {**metrics, **self.batch.carried["actor_metrics"]}
 
 
 Seeds = TD3BCSeeds

@@ -243,22 +243,30 @@ def load_state_dicts(objects: dict[str, Any], states: dict[str, Any], source: st
 class Stateful:
     """`state_dict` / `load_state_dict` for an agent: the attributes named in STATE (modules,
     optimizers, schedulers: anything with state_dict) and in VALUES (tensors, restored in place, and
-    plain numbers such as update counters)."""
+    plain numbers such as update counters, or dicts of tensors such as metrics carried between steps).
+    VALUES_ADDED_LATER: those of VALUES that checkpoints of an older offrl lack; such a checkpoint keeps them
+    as the agent was built."""
 
     STATE: tuple[str, ...] = ()
     VALUES: tuple[str, ...] = ()
+    VALUES_ADDED_LATER: tuple[str, ...] = ()
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: getattr(self, name).state_dict() for name in self.STATE}
         for name in self.VALUES:
             value = getattr(self, name)
-            state[name] = value.detach().clone() if torch.is_tensor(value) else value
+            if isinstance(value, dict):
+                state[name] = {k: v.detach().clone() for k, v in value.items()}
+            else:
+                state[name] = value.detach().clone() if torch.is_tensor(value) else value
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self.STATE:
             getattr(self, name).load_state_dict(state[name])
         for name in self.VALUES:
+            if name not in state and name in self.VALUES_ADDED_LATER:
+                continue
             current = getattr(self, name)
             if torch.is_tensor(current):
                 with torch.no_grad():

@@ -93,10 +93,14 @@ class SeedBatch:
     (`view(i)`) in the single-seed agent's checkpoint format.
 
     `modules`: the agent's attributes holding networks (all stacked); `optimizers`: attributes holding
-    optimizers over those networks' parameters; `schedulers`: LR schedulers of those optimizers."""
+    optimizers over those networks' parameters; `schedulers`: LR schedulers of those optimizers; `carried`:
+    attributes holding dicts of metrics that the agent checkpoints (e.g. TD3+BC's actor metrics, repeated between
+    actor steps), kept here in `carried[name]` as [S] tensors."""
 
-    def __init__(self, agents: list, modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = ()):
+    def __init__(self, agents: list, modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = (),
+                 carried: Sequence[str] = ()):
         self.agents, self.modules, self.optimizers, self.schedulers = agents, list(modules), list(optimizers), list(schedulers)
+        self.carried: dict[str, dict[str, torch.Tensor]] = {name: {} for name in carried}
         template = agents[0]
         self.call = _Call(template, self.modules)
         names = [n for n, _ in self.call.named_parameters()]
@@ -157,6 +161,8 @@ class SeedBatch:
             getattr(agent, name).load_state_dict(_slice_optimizer_state(batched.state_dict(), i, self.seeds))
         for name, batched in self.batched_schedulers.items():
             getattr(agent, name).load_state_dict(batched.state_dict())
+        for name, metrics in self.carried.items():
+            setattr(agent, name, {k: v[i] for k, v in metrics.items()})
 
     def restack(self) -> None:
         """Agents -> stacked weights and optimizer states (after the agents were loaded from checkpoints)."""
@@ -169,6 +175,9 @@ class SeedBatch:
             batched.load_state_dict(_stack_optimizer_states(states))
         for name, batched in self.batched_schedulers.items():
             batched.load_state_dict(getattr(self.agents[0], name).state_dict())
+        for name in self.carried:
+            per_seed = [getattr(a, name) for a in self.agents]
+            self.carried[name] = {k: torch.stack([m[k] for m in per_seed]) for k in per_seed[0]} if all(per_seed) else {}
 
     def view(self, i: int) -> "SeedView":
         return SeedView(self, i)
@@ -182,12 +191,13 @@ class SeedAgents:
     READS_NEXT_OBSERVATIONS = True  # TrainingData.buffer's check; BC's update does not read s'
 
     def __init__(self, cfgs: list, data: Any, device: torch.device, build: Callable[[Any], Any],
-                 modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = ()):
+                 modules: Sequence[str], optimizers: Sequence[str], schedulers: Sequence[str] = (),
+                 carried: Sequence[str] = ()):
         self.cfg = cfgs[0]
         buffer = data.buffer(device, seed=cfgs[0].seed, reads_next_observations=self.READS_NEXT_OBSERVATIONS)
         self.samplers = SeedSamplers(buffer, [c.seed for c in cfgs])
         self.agents = build_seeded(build, cfgs)
-        self.batch = SeedBatch(self.agents, modules, optimizers, schedulers)
+        self.batch = SeedBatch(self.agents, modules, optimizers, schedulers, carried)
         self.states = [{"agent": self.batch.view(i), "buffer": self.samplers.views[i]} for i in range(len(cfgs))]
         self.act = self.batch.acting(self.agents[0].act)
 

@@ -10,6 +10,8 @@ Faults, from environment variables (each counts events in this process only):
                               FAULT_SIGNAL_TWICE=1 sends it a second time as well
     FAULT_POISON=STEP         from step STEP on, every logged metric whose name contains 'loss' is NaN
                               (FAULT_POISON_VALUE=inf for +inf)
+    FAULT_SIGTERM_AT_STEP=K   the run sends itself SIGTERM as training step K begins (a stop at any step,
+                              not only where a checkpoint or a log row falls)
 
 Nothing here is imported by offrl: the faults are patched in from outside, as a test harness would.
 """
@@ -119,6 +121,24 @@ def patch_losses() -> None:
     offrl_run.Run.log = log
 
 
+def patch_steps() -> None:
+    at = counter("FAULT_SIGTERM_AT_STEP")
+    if at is None:
+        return
+    from offrl import multiseed, run as offrl_run
+
+    def stopping_at(real_steps):
+        def steps(*args, **kwargs):
+            for step in real_steps(*args, **kwargs):
+                if step == at:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield step
+        return steps
+
+    offrl_run.Run._iterate = stopping_at(offrl_run.Run._iterate)
+    multiseed.SeedRuns.steps = stopping_at(multiseed.SeedRuns.steps)  # --seeds: one loop for every seed's run
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
         raise SystemExit("usage: python tests/fault_injection.py -m MODULE [ARGS...]")
@@ -128,6 +148,7 @@ def main() -> None:
     patch_metrics_writes()
     patch_evaluation()
     patch_losses()
+    patch_steps()
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -128,3 +128,25 @@ def test_a_checkpoint_from_before_the_dynamics_model_was_saved_still_resumes(cap
     assert "predates saving dynamics_model; resuming with the dynamics model this run loaded" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="has no state for buffer"):
         ckpt.load_state_dicts({"agent": agent, "buffer": model}, saved, "old.pt")
+
+
+def test_a_value_saved_only_since_a_later_version_is_optional_when_loading():
+    """TD3+BC checkpoints its carried actor metrics since a later version (VALUES_ADDED_LATER): an older state
+    loads and keeps them as built; a state missing a value that was always saved is still refused."""
+    from algos.td3_bc import TD3BC
+
+    class Agent(ckpt.Stateful):
+        VALUES, VALUES_ADDED_LATER = ("updates", "actor_metrics"), ("actor_metrics",)
+
+        def __init__(self):
+            self.updates, self.actor_metrics = 0, {}
+
+    assert TD3BC.VALUES_ADDED_LATER == ("actor_metrics",) and "actor_metrics" in TD3BC.VALUES
+    agent = Agent()
+    agent.load_state_dict({"updates": 7, "actor_metrics": {"actor_loss": torch.tensor(1.5)}})
+    assert agent.updates == 7 and agent.actor_metrics["actor_loss"].item() == 1.5
+    assert agent.state_dict()["actor_metrics"]["actor_loss"] is not agent.actor_metrics["actor_loss"]  # a copy
+    agent.load_state_dict({"updates": 9})  # an older checkpoint's state
+    assert agent.updates == 9 and agent.actor_metrics["actor_loss"].item() == 1.5
+    with pytest.raises(CheckpointError, match="state of 'agent' does not fit"):
+        ckpt.load_state_dicts({"agent": agent}, {"agent": {"actor_metrics": {}}}, "old.pt")

@@ -1,0 +1,82 @@
+"""Every algorithm stopped at an arbitrary step (SIGTERM as step 37 begins: between its log rows, checkpoints,
+hold-out checks and rollout rounds) and resumed ends as a run that was not stopped: the same metrics rows and the
+same final.json, each training step's numbers included (CPU). TD3+BC stops at an even step too: the actor's
+metrics, repeated in the rows of critic-only steps, must come back with the checkpoint. SAC, MOPO, RCSL's early
+stop, MBRCSL, WSRL and --seeds have tests of their own (tests/test_reliability.py, test_model_based.py,
+test_return_conditioned.py, test_mbrcsl.py, test_wsrl.py, test_multiseed.py)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import PYTHON, ROOT
+
+INJECT = str(ROOT / "tests" / "fault_injection.py")
+STOP_AT = 37
+COMMON = ["--steps", "60", "--eval.every", "0", "--eval.episodes", "2", "--log.every", "1", "--log.wandb", "disabled",
+          "--log.no-progress", "--run.threads", "1"]
+TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16", "--model.weight-decay", "0",
+              "0", "0", "--model.max-epochs", "3", "--rollout-every", "25", "--rollout-batch", "100"]
+ALGOS = {
+    "td3_bc": ["--hidden", "32", "32"],
+    "bc": ["--hidden", "32", "32"],
+    "iql": ["--hidden", "32", "32"],
+    "cql": ["--hidden", "32", "32", "--n-actions", "2"],
+    "riql": ["--hidden", "32", "32"],
+    "dt": ["--context", "5", "--embed-dim", "32", "--batch-size", "8", "--warmup-steps", "10"],
+    "rcsl": ["--hidden", "32", "--holdout-every", "20", "--patience", "5"],
+    "mobile": ["--hidden", "32", "32", "--num-samples", "3", *TINY_MODEL],
+    "ravl": ["--hidden", "32", "32", "--num-critics", "4", *TINY_MODEL],
+}
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
+
+
+def strip(row):
+    return {k: v for k, v in row.items() if k not in VOLATILE}
+
+
+def train(algo, out_dir, *extra, stop_at=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if stop_at is not None:
+        env["FAULT_SIGTERM_AT_STEP"] = str(stop_at)
+    return subprocess.run([PYTHON, INJECT, "-m", f"algos.{algo}", *COMMON, *ALGOS[algo], "--run.out-dir", str(out_dir),
+                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def records(out_dir, seed=0):
+    (run_dir,) = [p for p in out_dir.glob(f"*/*/{seed}-*") if p.is_dir()]
+    rows = [strip(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, rows, strip(json.loads((run_dir / "final.json").read_text()))
+
+
+@pytest.mark.parametrize("algo, stop_at", [*((algo, STOP_AT) for algo in ALGOS), ("td3_bc", STOP_AT - 1)])
+def test_a_run_stopped_at_any_step_resumes_to_the_same_records(tiny, tmp_path, monkeypatch, algo, stop_at):
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))  # the model-based runs share one dynamics model
+    straight = train(algo, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    stopped = train(algo, tmp_path / "stopped", stop_at=stop_at)
+    assert stopped.returncode == 143 and f"after step {stop_at}" in stopped.stderr, stopped.stderr
+    resumed = train(algo, tmp_path / "stopped", "--resume", "latest")
+    assert resumed.returncode == 0 and f"at step {stop_at}" in resumed.stderr, resumed.stderr
+    run_dir, rows, final = records(tmp_path / "stopped")
+    _, expected_rows, expected_final = records(tmp_path / "straight")
+    assert len(expected_rows) >= 60 and any(row["step"] > stop_at for row in rows)
+    assert rows == expected_rows
+    assert final == expected_final
+
+
+def test_td3_bc_seeds_stopped_at_a_critic_only_step_resume_to_the_same_records(tiny, tmp_path):
+    """--seeds: the batched actor metrics go into each seed's checkpoint and come back from them."""
+    seeds = ["--seeds", "0", "1"]
+    assert train("td3_bc", tmp_path / "straight", *seeds).returncode == 0
+    stopped = train("td3_bc", tmp_path / "stopped", *seeds, stop_at=STOP_AT - 1)
+    assert stopped.returncode == 143 and f"stopped after step {STOP_AT - 1}" in stopped.stderr, stopped.stderr
+    resumed = train("td3_bc", tmp_path / "stopped", *seeds, "--resume", "latest")
+    assert resumed.returncode == 0, resumed.stderr
+    for seed in (0, 1):
+        _, rows, final = records(tmp_path / "stopped", seed)
+        _, expected_rows, expected_final = records(tmp_path / "straight", seed)
+        assert rows == expected_rows and final == expected_final
+        assert "actor_loss" in rows[STOP_AT - 1] and rows[STOP_AT - 1]["step"] == STOP_AT
