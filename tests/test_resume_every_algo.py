@@ -67,16 +67,18 @@ def test_a_run_stopped_at_any_step_resumes_to_the_same_records(tiny, tmp_path, m
     assert final == expected_final
 
 
-def test_td3_bc_seeds_stopped_at_a_critic_only_step_resume_to_the_same_records(tiny, tmp_path):
-    """--seeds: the batched actor metrics go into each seed's checkpoint and come back from them."""
+@pytest.mark.parametrize("algo, stop_at", [("bc", STOP_AT), ("iql", STOP_AT), ("td3_bc", STOP_AT - 1)])
+def test_seeds_in_one_process_stopped_at_any_step_resume_to_the_same_records(tiny, tmp_path, algo, stop_at):
+    """--seeds: every seed's run stops at the step, and each comes back from its own checkpoint (TD3+BC's batched
+    actor metrics included, at a critic-only step)."""
     seeds = ["--seeds", "0", "1"]
-    assert train("td3_bc", tmp_path / "straight", *seeds).returncode == 0
-    stopped = train("td3_bc", tmp_path / "stopped", *seeds, stop_at=STOP_AT - 1)
-    assert stopped.returncode == 143 and f"stopped after step {STOP_AT - 1}" in stopped.stderr, stopped.stderr
-    resumed = train("td3_bc", tmp_path / "stopped", *seeds, "--resume", "latest")
+    assert train(algo, tmp_path / "straight", *seeds).returncode == 0
+    stopped = train(algo, tmp_path / "stopped", *seeds, stop_at=stop_at)
+    assert stopped.returncode == 143 and f"stopped after step {stop_at}" in stopped.stderr, stopped.stderr
+    resumed = train(algo, tmp_path / "stopped", *seeds, "--resume", "latest")
     assert resumed.returncode == 0, resumed.stderr
     for seed in (0, 1):
         _, rows, final = records(tmp_path / "stopped", seed)
         _, expected_rows, expected_final = records(tmp_path / "straight", seed)
         assert rows == expected_rows and final == expected_final
-        assert "actor_loss" in rows[STOP_AT - 1] and rows[STOP_AT - 1]["step"] == STOP_AT
+        assert rows[stop_at]["step"] == stop_at + 1 and (algo != "td3_bc" or "actor_loss" in rows[stop_at])
