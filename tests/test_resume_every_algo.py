@@ -1,6 +1,7 @@
 """Every algorithm stopped at an arbitrary step (SIGTERM as step 37 begins: between its log rows, checkpoints,
 hold-out checks and rollout rounds) and resumed ends as a run that was not stopped: the same metrics rows and the
-same final.json, each training step's numbers included (CPU). TD3+BC stops at an even step too: the actor's
+same final.json, each training step's numbers included (CPU); `offrl eval` of its checkpoint then gives its final
+evaluation. TD3+BC stops at an even step too: the actor's
 metrics, repeated in the rows of critic-only steps, must come back with the checkpoint. SAC, MOPO, RCSL's early
 stop, MBRCSL, WSRL and --seeds have tests of their own (tests/test_reliability.py, test_model_based.py,
 test_return_conditioned.py, test_mbrcsl.py, test_wsrl.py, test_multiseed.py)."""
@@ -11,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, ROOT, assert_reevaluation_reproduces
 
 INJECT = str(ROOT / "tests" / "fault_injection.py")
 STOP_AT = 37
@@ -65,6 +66,7 @@ def test_a_run_stopped_at_any_step_resumes_to_the_same_records(tiny, tmp_path, m
     assert len(expected_rows) >= 60 and any(row["step"] > stop_at for row in rows)
     assert rows == expected_rows
     assert final == expected_final
+    assert_reevaluation_reproduces(run_dir)  # `offrl eval` rebuilds the resumed run's policy from its checkpoint
 
 
 @pytest.mark.parametrize("algo, stop_at", [("bc", STOP_AT), ("iql", STOP_AT), ("td3_bc", STOP_AT - 1)])
