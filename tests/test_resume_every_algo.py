@@ -1,10 +1,10 @@
 """Every algorithm stopped at an arbitrary step (SIGTERM as step 37 begins: between its log rows, checkpoints,
 hold-out checks and rollout rounds) and resumed ends as a run that was not stopped: the same metrics rows and the
 same final.json, each training step's numbers included (CPU); `offrl eval` of its checkpoint then gives its final
-evaluation. TD3+BC stops at an even step too: the actor's
-metrics, repeated in the rows of critic-only steps, must come back with the checkpoint. SAC, MOPO, RCSL's early
-stop, MBRCSL, WSRL and --seeds have tests of their own (tests/test_reliability.py, test_model_based.py,
-test_return_conditioned.py, test_mbrcsl.py, test_wsrl.py, test_multiseed.py)."""
+evaluation. TD3+BC stops at an even step too: the actor's metrics, repeated in the rows of critic-only steps, must
+come back with the checkpoint. BC, IQL and TD3+BC also under --seeds. SAC, MOPO, RCSL's early stop, MBRCSL and
+WSRL have tests of their own (tests/test_reliability.py, test_model_based.py, test_return_conditioned.py,
+test_mbrcsl.py, test_wsrl.py)."""
 
 import json
 import os
