@@ -1,9 +1,11 @@
-"""Learning tests: each value-based algorithm does what it claims on a task built to need it, kept fast.
+"""Learning tests: each algorithm does what it claims on a task built to need it, kept fast (RCSL's and the world
+models' are in test_return_conditioned.py and test_world_models.py).
 
-The task is a two-action bandit: one-step episodes from 8 states, every state tried with action +0.8 (reward 1)
-and with -0.8 (reward 0), in equal numbers. Behaviour cloning can only average the two behaviours (about 0); an
-offline RL algorithm must pick the rewarding one from the same data. CQL must also keep its critic's values of
-actions the data never took below those it took."""
+The value-based ones get a two-action bandit: one-step episodes from 8 states, every state tried with action +0.8
+(reward 1) and with -0.8 (reward 0), in equal numbers. Behaviour cloning can only average the two behaviours (about
+0); an offline RL algorithm must pick the rewarding one from the same data. CQL must also keep its critic's values
+of actions the data never took below those it took. The Decision Transformer gets episodes of the two behaviours
+and must act as the one whose return it is asked for."""
 
 import numpy as np
 import pytest
@@ -78,3 +80,40 @@ def test_cql_pushes_down_the_values_of_actions_the_data_never_took(bandit):
     conservative = train("cql", bandit, 800, hidden=(64, 64), batch_size=64, n_actions=4)
     assert q(conservative, 0.0) < q(conservative, BAD) - 2.0
     assert q(conservative, BAD) + 0.2 < q(conservative, GOOD)  # the data's two actions still in reward order
+
+
+def test_dt_acts_as_the_behaviour_whose_return_it_is_asked_for(tmp_path):
+    """Episodes of return 10 took +0.8 at every step (reward 1 each), episodes of return 0 took -0.8, from the
+    same random states: asked for return 10 the Decision Transformer acts +0.8 along the episode (its
+    return-to-go falling by the rewards received), asked for 0 it acts -0.8."""
+    from algos.dt import DT, Config, ReturnConditionedActor
+    from offrl.data.sequences import SequenceBuffer
+
+    rng = np.random.default_rng(0)
+    episodes, length = 40, 10
+    n = episodes * length
+    good = np.repeat(np.arange(episodes) % 2 == 0, length)
+    obs = rng.normal(size=(n, 2)).astype(np.float32)
+    timeouts = np.zeros(n, np.float32)
+    timeouts[length - 1::length] = 1
+    path = str(tmp_path / "two-behaviours.npz")
+    Dataset(obs, np.where(good, GOOD, BAD).astype(np.float32)[:, None], good.astype(np.float32), obs,
+            np.zeros(n, np.float32), timeouts, np.arange(0, n, length), {"name": "two-behaviours", "env_id": ENV}) \
+        .validate().save_npz(path)
+    cfg = Config(dataset=path, context=5, embed_dim=32, batch_size=16, warmup_steps=10, rtg_scale=1.0)
+    cfg.data.env_id = ENV
+    data = load_for_training(path, cfg.data)
+    torch.manual_seed(0)
+    agent = DT(cfg, data, torch.device("cpu"))
+    buffer = SequenceBuffer(data.dataset, cfg.context, "cpu", seed=0, rtg_scale=cfg.rtg_scale,
+                            max_timestep=cfg.max_timestep)
+    for _ in range(400):
+        agent.update(buffer.sample(cfg.batch_size))
+    states = torch.as_tensor(rng.normal(size=(50, 2)).astype(np.float32))
+    for target, reward, action in ((10.0, 1.0, GOOD), (0.0, 0.0, BAD)):
+        actor = ReturnConditionedActor(agent, target)
+        actor.reset(len(states))
+        for _ in range(4):
+            actions = actor(states)
+            assert abs(actions.mean().item() - action) < 0.15 and (actions * np.sign(action) > 0.3).all(), actions
+            actor.observe(torch.full((len(states),), reward))
