@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -204,14 +205,20 @@ def shared_models(tmp_path_factory):
 @pytest.mark.parametrize("algo", sorted(ALGORITHM_ARGS))
 def test_a_non_finite_loss_stops_every_algorithm(tiny, tmp_path, algo, shared_models, monkeypatch):
     """From step 25 on every loss the algorithm logs is NaN (inf for every other algorithm): the run stops
-    at step 25 naming each loss, exits non-zero, and its checkpoint is the one of step 20 (it loads)."""
+    at step 25 naming each loss, exits non-zero, and its checkpoint is the one of step 20 (it loads). The clean
+    run that names the losses trains under --run.precision bf16, every algorithm's setting in the committed grid
+    (and --model.precision bf16 where a dynamics model trains): it must finish with finite losses and score."""
     monkeypatch.setenv("OFFRL_MODELS", str(shared_models))
     value = "inf" if sorted(ALGORITHM_ARGS).index(algo) % 2 else "nan"
     args = ["-m", f"algos.{algo}", "--steps", "40", "--log.every", "1", "--run.checkpoint-every", "10", "--eval.every", "0",
             *QUIET, *ALGORITHM_ARGS[algo]]
-    clean = launch(args, tmp_path / "clean", {"FAULT_POISON": "1000"})  # the names of the losses it logs
+    bf16 = ["--run.precision", "bf16", *(["--model.precision", "bf16"] if "--model.members" in args else [])]
+    clean = launch([*args, *bf16], tmp_path / "clean", {"FAULT_POISON": "1000"})  # the names of the losses it logs
     code, _, err = finish(clean)
     assert code == 0, err
+    final = json.loads((the_run(tmp_path / "clean") / "final.json").read_text())
+    assert np.isfinite(final["eval/return_mean"]) and json.loads(
+        (the_run(tmp_path / "clean") / "config.json").read_text())["run"]["precision"] == "bf16"
     # the losses logged at the poisoned step (MBRCSL's phases log different ones)
     losses = sorted(k for row in rows(the_run(tmp_path / "clean")) if row.get("step") == 25 for k in row if "loss" in k)
     assert losses, "the algorithm logs no loss at step 25"
