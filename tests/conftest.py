@@ -74,6 +74,22 @@ def assert_reevaluation_reproduces(run_dir):
     return report
 
 
+def two_behaviours(rng, obs_dim, metadata, episodes=40, length=10, action=0.8):
+    """Episodes of return `length` that took +`action` at every step (reward 1 each) alternating with episodes of
+    return 0 that took -`action`, from random states drawn from `rng`: the return-conditioned algorithms' task."""
+    import numpy as np
+
+    from offrl.data import Dataset
+
+    n = episodes * length
+    good = np.repeat(np.arange(episodes) % 2 == 0, length)
+    obs = rng.normal(size=(n, obs_dim)).astype(np.float32)
+    timeouts = np.zeros(n, np.float32)
+    timeouts[length - 1::length] = 1
+    return Dataset(obs, np.where(good, action, -action).astype(np.float32)[:, None], good.astype(np.float32), obs,
+                   np.zeros(n, np.float32), timeouts, np.arange(0, n, length), metadata).validate()
+
+
 def saved_step(path):
     """The step the checkpoint at `path` holds, or None while it is missing or being replaced."""
     from offrl import checkpoint as ckpt

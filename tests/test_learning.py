@@ -13,6 +13,8 @@ import torch
 
 from offrl.data import Dataset, load_for_training
 
+from conftest import two_behaviours
+
 GOOD, BAD = 0.8, -0.8
 ENV = "offrl_test_envs:OffrlPointMass-v0"  # obs 2, action 1 in [-1, 1]: the shapes the bandit's data have
 
@@ -90,16 +92,8 @@ def test_dt_acts_as_the_behaviour_whose_return_it_is_asked_for(tmp_path):
     from offrl.data.sequences import SequenceBuffer
 
     rng = np.random.default_rng(0)
-    episodes, length = 40, 10
-    n = episodes * length
-    good = np.repeat(np.arange(episodes) % 2 == 0, length)
-    obs = rng.normal(size=(n, 2)).astype(np.float32)
-    timeouts = np.zeros(n, np.float32)
-    timeouts[length - 1::length] = 1
     path = str(tmp_path / "two-behaviours.npz")
-    Dataset(obs, np.where(good, GOOD, BAD).astype(np.float32)[:, None], good.astype(np.float32), obs,
-            np.zeros(n, np.float32), timeouts, np.arange(0, n, length), {"name": "two-behaviours", "env_id": ENV}) \
-        .validate().save_npz(path)
+    two_behaviours(rng, 2, {"name": "two-behaviours", "env_id": ENV}, action=GOOD).save_npz(path)
     cfg = Config(dataset=path, context=5, embed_dim=32, batch_size=16, warmup_steps=10, rtg_scale=1.0)
     cfg.data.env_id = ENV
     data = load_for_training(path, cfg.data)

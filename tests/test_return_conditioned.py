@@ -13,7 +13,7 @@ from offrl.data.preprocess import StateNormalizer
 from offrl.data.sequences import SequenceBuffer, episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError
 
-from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli, two_behaviours
 
 
 def three_episodes():
@@ -273,14 +273,7 @@ def test_rcsl_train_policy_learns_the_action_that_goes_with_each_return():
     average conditioning makes the two behaviours' inputs 1 and 0 at every step of an episode. Trained
     in fp32 and under bf16 autocast, which must have changed the (otherwise seeded, identical) training."""
     rng = np.random.default_rng(0)
-    episodes, length = 40, 10
-    n = episodes * length
-    good = np.repeat(np.arange(episodes) % 2 == 0, length)
-    obs = rng.normal(size=(n, 3)).astype(np.float32)
-    timeouts = np.zeros(n, np.float32)
-    timeouts[length - 1::length] = 1
-    dataset = Dataset(obs, np.where(good, 0.8, -0.8).astype(np.float32)[:, None], good.astype(np.float32), obs,
-                      np.zeros(n, np.float32), timeouts, np.arange(0, n, length), {"name": "two-behaviours"}).validate()
+    dataset = two_behaviours(rng, 3, {"name": "two-behaviours"})
     states = torch.as_tensor(rng.normal(size=(50, 3)).astype(np.float32))
     start = torch.zeros(50)
     actions = {}
