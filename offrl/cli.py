@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 import warnings
 from pathlib import Path

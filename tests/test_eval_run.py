@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from offrl import checkpoint as ckpt
 from offrl.errors import OffrlError

@@ -5,13 +5,12 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from offrl import checkpoint as ckpt
-from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
+from offrl.errors import OffrlError, TrainingDiverged
 
 from conftest import PYTHON, ROOT, run_cli, saved_step
 

@@ -1,6 +1,5 @@
 """Normalized scores and vectorized evaluation."""
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
