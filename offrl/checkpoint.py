@@ -266,6 +266,8 @@ class Stateful:
             getattr(self, name).load_state_dict(state[name])
         for name in self.VALUES:
             if name not in state and name in self.VALUES_ADDED_LATER:
+                print(f"warning: the checkpoint predates saving {type(self).__name__}'s {name}; resuming with it as "
+                      "built", file=sys.stderr)
                 continue
             current = getattr(self, name)
             if torch.is_tensor(current):

@@ -91,6 +91,7 @@ class Logger:
         write_json(env_path, info, indent=2)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self._file = open(self.metrics_path, "a")
+        self._last_line = last_line(self.metrics_path)
         self.wandb_run = None
         self.wandb_id = wandb_id
         if log_cfg.wandb != "disabled":
@@ -107,9 +108,11 @@ class Logger:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, "time": round(time.time(), 3), **metrics}
+        line = json.dumps(row)
         try:
-            self._file.write(json.dumps(row) + "\n")
+            self._file.write(line + "\n")
             self._file.flush()
+            self._last_line = line
         except OSError as exc:
             from offrl.checkpoint import NO_SPACE
             from offrl.errors import OffrlError
@@ -121,15 +124,23 @@ class Logger:
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
-    def metrics_bytes(self) -> int:
-        """metrics.jsonl's length now (every row is flushed as it is logged); a checkpoint records it."""
-        return os.fstat(self._file.fileno()).st_size
+    def metrics_end(self) -> tuple[int, str]:
+        """metrics.jsonl's length now (every row is flushed as it is logged) and its last line, which a checkpoint
+        records (`truncate_metrics`)."""
+        return os.fstat(self._file.fileno()).st_size, self._last_line
 
     def close(self) -> None:
         self._file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def last_line(path: Path) -> str:
+    """The file's last line without its newline ('' for an empty or missing file)."""
+    if not path.exists():
+        return ""
+    return path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1].decode(errors="replace")
 
 
 def step_of(line: str) -> int | None:
@@ -154,18 +165,23 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def truncate_metrics(path: Path, last_step: int, checkpoint_bytes: int | None = None) -> None:
-    """Drop what a resumed run will log again: rows written after its checkpoint (`checkpoint_bytes`, the file's
-    length when the checkpoint was saved, where the checkpoint recorded it: this also drops rows of the
-    checkpoint's own step logged after it, such as a final evaluation after an early stop), rows logged after
-    `last_step`, and a last line cut off by a killed process. A file shorter than `checkpoint_bytes` (edited
-    since) is cut by step only."""
+def truncate_metrics(path: Path, last_step: int, checkpoint_end: tuple[int, str] | None = None) -> None:
+    """Drop what a resumed run will log again: rows written after its checkpoint, rows logged after `last_step`,
+    and a last line cut off by a killed process. `checkpoint_end` = (the file's length, its last line) when the
+    checkpoint was saved, where the checkpoint recorded them: the file is cut there, which also drops rows of the
+    checkpoint's own step logged after it (a final evaluation after an early stop). Where the file no longer has
+    that line ending there (edited since, e.g. a damaged line mended), it is cut by step alone, with a warning."""
     if not path.exists():
         return
     data = path.read_bytes()
-    if checkpoint_bytes is not None and len(data) >= checkpoint_bytes:
-        data = data[:checkpoint_bytes]
-    kept = [line for line in data.decode().splitlines()
+    if checkpoint_end is not None:
+        length, last_line = checkpoint_end
+        if data[:length].endswith((last_line + "\n").encode()) or (length == 0 and not last_line):
+            data = data[:length]
+        else:
+            print(f"warning: {path} changed since the checkpoint was saved; rows logged after it at its own step "
+                  f"({last_step}) are kept, rows after that step dropped", file=sys.stderr)
+    kept = [line for line in data.decode(errors="replace").splitlines()
             if line.strip() and (step := step_of(line)) is not None and step <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))

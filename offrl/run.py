@@ -205,7 +205,8 @@ class Run:
                 saved_threads = json.loads(self._restored_state.get("config", "{}")).get("run", {}).get("threads")
                 self.core_before = core_seconds_from_wall(self.wall_before, saved_threads)
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
-            truncate_metrics(self.dir / "metrics.jsonl", self.start_step, self._restored_state.get("metrics_bytes"))
+            end = self._restored_state.get("metrics_end")
+            truncate_metrics(self.dir / "metrics.jsonl", self.start_step, tuple(end) if end is not None else None)
         self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
                              wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
         if data is not None:
@@ -499,7 +500,7 @@ class Run:
             "best_score": self.best_score, "last_eval": json.dumps(self.last_eval),
             "last_metrics": json.dumps(self.last_metrics), "extra_evals": json.dumps(self.extra_evals),
             "wandb_id": self.logger.wandb_id, "wall_seconds": self.wall_seconds(), "core_seconds": self.core_seconds(),
-            "resumes": self.resumes, "metrics_bytes": self.logger.metrics_bytes(),
+            "resumes": self.resumes, "metrics_end": self.logger.metrics_end(),
         }, keep_previous=True)
         self.last_checkpoint_step = step
 

@@ -58,6 +58,9 @@ def run_cli(*args, cwd=None, timeout=300, check=True):
 
 PYTHON = sys.executable
 
+# run-record fields that differ between two runs of the same numbers (clocks, resumes, the folder)
+VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
+
 
 def assert_reevaluation_reproduces(run_dir):
     """`offrl eval` of a finished run, with the run's own episodes and seed, gives its last evaluations."""

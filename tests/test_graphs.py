@@ -14,7 +14,7 @@ from offrl.data import ReplayBuffer
 from offrl.graphs import GraphedStep
 from offrl.optim import adam, graph_safe
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, VOLATILE, run_cli
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -126,8 +126,7 @@ def test_a_recorded_step_replays_fresh_inputs_and_random_draws():
 
 
 def _rows(run_dir):
-    volatile = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
-    return [{k: v for k, v in json.loads(line).items() if k not in volatile}
+    return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

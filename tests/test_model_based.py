@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import PYTHON, run_cli
+from conftest import PYTHON, VOLATILE, run_cli
 
 TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
               "--model.weight-decay", "0", "0", "0", "--model.max-epochs", "3"]
@@ -58,11 +58,10 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "split"),
             "--resume", "latest")
 
-    volatile = {"time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir"}
     runs = [next((tmp_path / name).glob("mopo/*/*")) for name in ("straight", "split")]
-    finals = [{k: v for k, v in json.loads((r / "final.json").read_text()).items() if k not in volatile} for r in runs]
+    finals = [{k: v for k, v in json.loads((r / "final.json").read_text()).items() if k not in VOLATILE} for r in runs]
     assert finals[0] == finals[1] and "eval/return_mean" in finals[0]
-    rows = [[{k: v for k, v in json.loads(line).items() if k not in volatile}
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in VOLATILE}
              for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]
     # the split run's first process ended with its own evaluation at step 150; every other row is the same, the
     # rollout round's metrics (from step 101) in the resumed process's row at step 200 included

@@ -17,7 +17,7 @@ import torch
 
 from offrl import checkpoint as ckpt
 
-from conftest import PYTHON, ROOT, saved_step
+from conftest import PYTHON, ROOT, VOLATILE, saved_step
 
 INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
 QUIET = ["--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1"]
@@ -26,7 +26,6 @@ OFFLINE = ["-m", "algos.td3_bc", "--steps", "1200", "--eval.every", "400", "--ev
 ONLINE = ["-m", "algos.sac", "--env-id", "InvertedPendulum-v5", "--steps", "1000", "--learning-starts", "200",
           "--eval.every", "500", "--eval.episodes", "2", "--log.every", "50", "--run.checkpoint-every", "100",
           "--actor-every", "0", "--hidden", "32", "32", *QUIET]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 def launch(args, out_dir, faults=None, resume=False):

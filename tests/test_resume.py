@@ -12,12 +12,11 @@ import torch
 from offrl import checkpoint as ckpt
 from offrl.errors import OffrlError, TrainingDiverged
 
-from conftest import PYTHON, ROOT, run_cli, saved_step
+from conftest import PYTHON, ROOT, VOLATILE, run_cli, saved_step
 
 COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
           "--hidden", "64", "64"]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 def strip(row):
@@ -342,21 +341,28 @@ def test_resume_drops_a_cut_off_metrics_line_and_rows_after_its_checkpoint(tmp_p
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows
 
 
-def test_resume_drops_rows_logged_after_its_checkpoint_at_the_checkpoint_step(tmp_path):
-    """A checkpoint records metrics.jsonl's length: rows of its own step logged after it (a final evaluation after
-    an early stop's checkpoint) are dropped on resume, which logs them again. A file cut shorter since then is cut
-    by step alone."""
+def test_resume_drops_rows_logged_after_its_checkpoint_at_the_checkpoint_step(tmp_path, capsys):
+    """A checkpoint records metrics.jsonl's length and last line: rows of its own step logged after it (a final
+    evaluation after an early stop's checkpoint) are dropped on resume, which logs them again. A file edited since
+    (a line mended to another length, so the length no longer ends at that line) is cut by step alone, with a
+    warning, rather than at a length that now falls elsewhere."""
     from offrl.logging import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
-    before = "".join(json.dumps({"step": s, "loss": 0.5 * s}) + "\n" for s in (10, 20, 30))
+    rows = [json.dumps({"step": s, "loss": 0.5 * s}) for s in (10, 20, 30)]
+    before = "".join(row + "\n" for row in rows)
     after = json.dumps({"step": 30, "eval/return_mean": 7.0}) + "\n" + json.dumps({"step": 40, "loss": 1.0}) + "\n"
+    end = (len(before.encode()), rows[-1])
     path.write_text(before + after)
-    truncate_metrics(path, 30, checkpoint_bytes=len(before.encode()))
-    assert path.read_text() == before
-    path.write_text(before[: before.index('{"step": 30')])  # shorter than the checkpoint's record
-    truncate_metrics(path, 30, checkpoint_bytes=len(before.encode()))
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10, 20]
+    truncate_metrics(path, 30, end)
+    assert path.read_text() == before and "changed since" not in capsys.readouterr().err
+    truncate_metrics(path, 30, (0, ""))  # a checkpoint saved before any row
+    assert path.read_text() == ""
+    mended = json.dumps({"step": 10, "loss": 5.0, "note": "mended"})  # longer than the line it replaced
+    path.write_text(mended + "\n" + "".join(row + "\n" for row in rows[1:]) + after)
+    truncate_metrics(path, 30, end)
+    assert [json.loads(line) for line in path.read_text().splitlines()][-1] == {"step": 30, "eval/return_mean": 7.0}
+    assert "changed since the checkpoint was saved" in capsys.readouterr().err
 
 
 def test_resume_refuses_data_that_differs_from_what_the_run_trained_on(tiny, tmp_path):

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, assert_reevaluation_reproduces
+from conftest import PYTHON, ROOT, VOLATILE, assert_reevaluation_reproduces
 
 INJECT = str(ROOT / "tests" / "fault_injection.py")
 STOP_AT = 37
@@ -31,7 +31,6 @@ ALGOS = {
     "mobile": ["--hidden", "32", "32", "--num-samples", "3", *TINY_MODEL],
     "ravl": ["--hidden", "32", "32", "--num-critics", "4", *TINY_MODEL],
 }
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 def strip(row):

@@ -21,10 +21,9 @@ from offrl.losses import subsampled_critic_min, subsampled_min
 from offrl.nets import EnsembleCritic
 from offrl.sac import SACAgent
 
-from conftest import PYTHON, assert_compiled_critics_train_as_eager, assert_reevaluation_reproduces, run_cli
+from conftest import PYTHON, VOLATILE, assert_compiled_critics_train_as_eager, assert_reevaluation_reproduces, run_cli
 
 QUIET = ["--eval.episodes", "2", "--log.wandb", "disabled", "--log.no-progress"]
-VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from offrl.checkpoint import SeededGenerator  # noqa: F401 (re-exported)
+from offrl.checkpoint import SeededGenerator, Stateful
 from offrl.data.buffer import Batch, ReplayBuffer
 from world_models.ensemble import DynamicsEnsemble
 from world_models.termination import TerminationFn
@@ -150,18 +150,14 @@ def load_dynamics(data, cfg, device: torch.device) -> tuple[DynamicsEnsemble, st
     return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
 
 
-class LastRollout:
+class LastRollout(Stateful):
     """The latest rollout round's metrics, which every logged row repeats until the next round; checkpointed, so a
     run resumed between two rounds logs them as a straight run does."""
 
+    VALUES = ("metrics",)
+
     def __init__(self):
         self.metrics: dict[str, torch.Tensor] = {}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.metrics)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.metrics = dict(state)
 
 
 class ModelData:
