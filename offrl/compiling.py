@@ -67,12 +67,13 @@ def install_cpu_mask_pass() -> None:
         inductor_config.joint_custom_post_pass = _PASS if not passes else (*passes, _PASS)
 
 
-def compiled(fn, enabled: bool = True):
-    """torch.compile(fn), with the CPU mask pass registered; `fn` itself when not `enabled` (`--run.compile` off)."""
+def compiled(fn, enabled: bool = True, **options):
+    """torch.compile(fn, **options), with the CPU mask pass registered; `fn` itself when not `enabled`
+    (`--run.compile` off)."""
     if not enabled:
         return fn
     install_cpu_mask_pass()
-    return torch.compile(fn)
+    return torch.compile(fn, **options)
 
 
 def compile_module(module: nn.Module) -> None:

@@ -66,6 +66,8 @@ def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
     model = asdict(cfg)
     if model["precision"] == "fp32":  # as before the option existed: float32 models keep their keys
         del model["precision"]
+    if not model["compile"]:  # eager models too
+        del model["compile"]
     config = json.dumps({"model": model, "seed": seed}, sort_keys=True)
     return f"{dataset_checksum}-{hashlib.sha256(config.encode()).hexdigest()[:12]}"
 
