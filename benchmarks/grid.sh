@@ -95,7 +95,10 @@
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), COMPILE (algorithms with --run.compile, default none), FAST_STEPS, SLOW_STEPS,
 # MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets above), MODEL_PRECISION (fp32 or bf16: how the dynamics
-# models train, and so which cached model the runs use), DRY_RUN=1 (print the commands instead of running
+# models train, and so which cached model the runs use), MODEL_COMPILE=1 (--model.compile: the models' training
+# loss compiled; on one thread of the 2-core Xeon with AMX, bf16, hopper medium-replay's epochs took about 4 s
+# against 7 eager beside two 1-thread runs, after ~15 s of compiling; like MODEL_PRECISION it names which cached
+# model the runs use), DRY_RUN=1 (print the commands instead of running
 # them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
 # unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail
@@ -109,6 +112,8 @@ mb_slow_steps=${MB_SLOW_STEPS:-3000}
 model_epochs=${MODEL_EPOCHS:-50}
 model_precision=${MODEL_PRECISION:-fp32}
 case $model_precision in fp32 | bf16) ;; *) echo "MODEL_PRECISION must be fp32 or bf16, got '$model_precision'" >&2; exit 2 ;; esac
+model_compile=${MODEL_COMPILE:-0}
+case $model_compile in 0 | 1) ;; *) echo "MODEL_COMPILE must be 0 or 1, got '$model_compile'" >&2; exit 2 ;; esac
 bf16=${BF16:-}
 compile=${COMPILE:-}
 dry=${DRY_RUN:-0}
@@ -148,7 +153,8 @@ variants() {  # CLASS_ALGOS... -> --variant arguments on stdout, one per line
     case $algo in
       dt) extra="--warmup-steps 1000" ;;
       mopo | mobile | ravl) extra="--model-seed 0 --model.max-epochs $model_epochs"
-        [ "$model_precision" = fp32 ] || extra+=" --model.precision $model_precision" ;;
+        [ "$model_precision" = fp32 ] || extra+=" --model.precision $model_precision"
+        [ "$model_compile" = 0 ] || extra+=" --model.compile" ;;
     esac
     case " $bf16 " in *" $algo "*) label="$algo-bf16" extra="${extra:+$extra }--run.precision bf16" ;; esac
     case " $compile " in *" $algo "*) extra="${extra:+$extra }--run.compile" ;; esac
@@ -203,6 +209,7 @@ if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
   for ds in "${datasets[@]}"; do
     model=(python -m world_models.train --dataset "$ds" --seed 0 --model.max-epochs "$model_epochs" --threads 1)
     [ "$model_precision" = fp32 ] || model+=(--model.precision "$model_precision")
+    [ "$model_compile" = 0 ] || model+=(--model.compile)
     log="$out/grid-models/${ds//\//-}.log"
     if [ "$dry" = 1 ]; then echo "$(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
@@ -231,6 +238,7 @@ sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.c
 canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps MB_SLOW_STEPS=$mb_slow_steps"
 canonical+=" MODEL_EPOCHS=$model_epochs"
 [ "$model_precision" = fp32 ] || canonical+=" MODEL_PRECISION=$model_precision"
+[ "$model_compile" = 0 ] || canonical+=" MODEL_COMPILE=1"
 canonical+="${bf16:+ BF16='$bf16'}${compile:+ COMPILE='$compile'} benchmarks/grid.sh $out"
 table_rc=0  # no finished run at all is an error of the table's; the failed sweeps are still named below
 run python -m benchmarks.table "$out/grid-fast" "$out/grid-slow" "$out/grid-mopo" "$out/grid-mb-slow" \

@@ -653,16 +653,20 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
                              capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", "COMPILE": "mopo"},
                              timeout=120)
     assert refused.returncode == 2 and "mopo does not compile" in refused.stderr
-    # MODEL_PRECISION=bf16: the models train under bf16 and the runs ask for those models (the same cache key)
-    part = dry(ONLY="mopo ravl", DATASETS="offrl/hopper/medium-v0", MODEL_PRECISION="bf16")
+    # MODEL_PRECISION=bf16: the models train under bf16 and the runs ask for those models (the same cache key);
+    # MODEL_COMPILE=1 likewise: the models' training loss compiled, the runs asking for those models
+    part = dry(ONLY="mopo ravl", DATASETS="offrl/hopper/medium-v0", MODEL_PRECISION="bf16", MODEL_COMPILE="1")
     trains = [line for line in part if line[:3] == ["python", "-m", "world_models.train"]]
     assert len(trains) == 1 and trains[0][trains[0].index("--model.precision") + 1] == "bf16"
+    assert "--model.compile" in trains[0]
     for line in (line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]):
         for label, algo, extra in (sweep.parse_variant(line[i + 1]) for i, x in enumerate(line) if x == "--variant"):
             assert extra[extra.index("--model.precision") + 1] == "bf16"
             module = __import__(f"algos.{algo}", fromlist=["Config"])
-            assert tyro.cli(module.Config, args=["--dataset", "d", *extra]).model.precision == "bf16"
-    assert "MODEL_PRECISION=bf16" in part[-1][part[-1].index("--command") + 1]
+            model = tyro.cli(module.Config, args=["--dataset", "d", *extra]).model
+            assert model.precision == "bf16" and model.compile
+    assert "MODEL_PRECISION=bf16 MODEL_COMPILE=1" in part[-1][part[-1].index("--command") + 1]
+    assert not any("--model.compile" in " ".join(line) for line in dry(ONLY="mopo", DATASETS="offrl/hopper/medium-v0"))
     # STATUS=1 reads the (here empty) run folders through benchmarks.sweep --status and makes or trains nothing
     env = {k: v for k, v in os.environ.items() if k != "DRY_RUN"}
     text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "status")], check=True,
