@@ -114,12 +114,14 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precis
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None):
+def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False):
     """One gradient step of the dynamics ensemble (world_models.ensemble, default config): every member
-    on its own `batch_size` transitions (default 256)."""
+    on its own `batch_size` transitions (default 256); with `compile`, its loss compiled as `--model.compile`
+    compiles it."""
+    from offrl.compiling import compiled
     from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, make_optimizer, transitions_to_training
 
-    cfg = EnsembleConfig()
+    cfg = EnsembleConfig(compile=compile)
     batch_size = batch_size or cfg.batch_size
     ds = data.dataset
     model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg).to(device)
@@ -129,9 +131,13 @@ def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | No
     optimizer = make_optimizer(model, cfg)  # the trainer's own
     generator = torch.Generator(device=device).manual_seed(0)
 
+    if compile:
+        torch._dynamo.reset()  # a fresh compile (the recompile limit, as for the algorithms in time_algorithm)
+    loss_of = compiled(lambda x, y: model.loss(model.standardize(x), y), compile, dynamic=False)
+
     def update():
         index = torch.randint(len(inputs), (cfg.members, batch_size), device=device, generator=generator)
-        loss, _ = model.loss(model.standardize(inputs[index]), targets[index])
+        loss, _ = loss_of(inputs[index], targets[index])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -139,9 +145,10 @@ def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | No
     return batch_size, update
 
 
-def rollout_step(data: TrainingData, device: torch.device, batch_size: int | None = None):
+def rollout_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False):
     """One step of a rollout round: `batch_size` rows (default 50,000, MOPO's rollout batch) through the
-    policy and every member of the dynamics ensemble, a random elite's sample and MOPO's penalty."""
+    policy and every member of the dynamics ensemble, a random elite's sample and MOPO's penalty (eager: no
+    option compiles rollouts, so `compile` changes nothing)."""
     from offrl.nets import TanhGaussianActor
     from world_models.ensemble import DynamicsEnsemble
     from world_models.rollout import aleatoric_penalty, model_step
@@ -202,7 +209,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     torch.manual_seed(0)
     if algo in WORLD_MODEL_STEPS:
         cfg = argparse.Namespace()
-        cfg.batch_size, update = WORLD_MODEL_STEPS[algo](data, device, batch_size)
+        cfg.batch_size, update = WORLD_MODEL_STEPS[algo](data, device, batch_size, compile)
         module = None
     else:
         module = importlib.import_module(f"algos.{algo}")

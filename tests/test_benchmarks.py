@@ -557,6 +557,19 @@ def test_speed_benchmark_times_the_world_models_and_model_based_updates(tmp_path
     assert "<!-- model-based -->" in table and "nan: FLOPs not countable" in table
 
 
+def test_speed_benchmark_compiles_the_dynamics_step_as_model_compile_does():
+    """`--compile` times the dynamics ensemble's step with its loss compiled (`--model.compile`), one graph."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from benchmarks import speed
+
+    before = counters["stats"]["unique_graphs"]
+    _, update = speed.dynamics_step(speed.synthetic_data(), torch.device("cpu"), 8, compile=True)
+    losses = [update()["loss"] for _ in range(3)]
+    assert counters["stats"]["unique_graphs"] - before == 1 and all(torch.isfinite(x) for x in losses)
+
+
 def test_end_to_end_charges_evaluations_and_checkpoints_as_a_full_run_makes_them():
     from benchmarks import speed
 
