@@ -80,6 +80,33 @@ def test_training_learns_and_picks_the_lowest_holdout_members_as_elites():
     torch.testing.assert_close(model.input_mean, torch.as_tensor(inputs[trainer.train_rows].mean(0)), atol=1e-5, rtol=0)
 
 
+def test_members_agree_where_the_data_went_and_disagree_where_it_did_not():
+    """What MOBILE's penalty (and a disagreement penalty) stand on: trained on actions in [-0.3, 0.3], the members'
+    predictions, and the Bellman targets through them, spread far more at actions the data never took (+-1, +-3)
+    than at actions like the data's."""
+    from world_models.rollout import bellman_penalty, disagreement_penalty, model_step
+
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(600, 3)).astype(np.float32)
+    actions = rng.uniform(-0.3, 0.3, size=(600, 2)).astype(np.float32)
+    matrix = rng.normal(size=(2, 3)).astype(np.float32)
+    next_obs = obs + 0.3 * actions @ matrix + 0.01 * rng.normal(size=obs.shape).astype(np.float32)
+    inputs, targets = transitions_to_training(obs, actions, obs[:, 0] - (actions ** 2).sum(1), next_obs)
+    torch.manual_seed(0)
+    model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, max_epochs=30))
+    fit(model, inputs, targets, trainer=EnsembleTrainer(model, inputs, targets, seed=0))
+    states = torch.as_tensor(rng.normal(size=(200, 3)).astype(np.float32))
+    spread = {}
+    for scale in (0.3, 1.0, 3.0):
+        drawn = torch.as_tensor(rng.uniform(-scale, scale, size=(200, 2)).astype(np.float32))
+        acts = drawn if scale == 0.3 else torch.sign(drawn) * scale  # the data's range, or its corners' multiples
+        step = model_step(model, states, acts, lambda s: torch.zeros(len(s), dtype=torch.bool))
+        bellman = bellman_penalty(model, states, acts, lambda s: torch.zeros(len(s), 2), lambda s, a: s.sum(1), 4)
+        spread[scale] = disagreement_penalty(step.mean).mean().item(), bellman.mean().item()
+    for i in range(2):
+        assert spread[1.0][i] > 3 * spread[0.3][i] and spread[3.0][i] > spread[1.0][i], spread
+
+
 def test_bf16_training_steps_learn_as_fp32_ones_and_keep_fp32_cache_keys():
     """`precision="bf16"` runs the training steps under bfloat16 autocast: other weights than fp32 after the same
     epochs, the same learning (holdout error far below the start); fp32 models keep the cache key they had
