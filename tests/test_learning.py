@@ -4,7 +4,8 @@ models' are in test_return_conditioned.py and test_world_models.py).
 The value-based ones get a two-action bandit: one-step episodes from 8 states, every state tried with action +0.8
 (reward 1) and with -0.8 (reward 0), in equal numbers. Behaviour cloning can only average the two behaviours (about
 0); an offline RL algorithm must pick the rewarding one from the same data. CQL must also keep its critic's values
-of actions the data never took below those it took. The Decision Transformer gets episodes of the two behaviours
+of actions the data never took below those it took; RIQL must keep the rewarded behaviour when a fifth of the
+other's rewards are corrupted, where IQL follows them. The Decision Transformer gets episodes of the two behaviours
 and must act as the one whose return it is asked for."""
 
 import numpy as np
@@ -19,20 +20,28 @@ GOOD, BAD = 0.8, -0.8
 ENV = "offrl_test_envs:OffrlPointMass-v0"  # obs 2, action 1 in [-1, 1]: the shapes the bandit's data have
 
 
-@pytest.fixture(scope="module")
-def bandit(tmp_path_factory):
+def two_action_bandit(folder, corrupted: float | None = None):
+    """The bandit's data as an .npz (with `corrupted`, every 5th row of the unrewarded action gets that reward
+    instead of 0), and its 8 states."""
     rng = np.random.default_rng(0)
     states = rng.normal(size=(8, 2)).astype(np.float32)
     per_action = 64
     obs = np.repeat(states, 2 * per_action, axis=0)
     actions = np.tile(np.repeat([GOOD, BAD], per_action), 8).astype(np.float32)[:, None]
     rewards = (actions[:, 0] == GOOD).astype(np.float32)
+    if corrupted is not None:
+        rewards[np.flatnonzero(actions[:, 0] == BAD)[::5]] = corrupted
     n = len(obs)
     ones, zeros = np.ones(n, np.float32), np.zeros(n, np.float32)
-    path = tmp_path_factory.mktemp("bandit") / "two-actions.npz"
-    Dataset(obs, actions, rewards, obs, ones, zeros, np.arange(n), {"name": "two-actions", "env_id": ENV}).validate() \
+    path = folder / ("two-actions.npz" if corrupted is None else "two-actions-corrupted.npz")
+    Dataset(obs, actions, rewards, obs, ones, zeros, np.arange(n), {"name": path.stem, "env_id": ENV}).validate() \
         .save_npz(str(path))
     return str(path), torch.as_tensor(states)
+
+
+@pytest.fixture(scope="module")
+def bandit(tmp_path_factory):
+    return two_action_bandit(tmp_path_factory.mktemp("bandit"))
 
 
 def train(module, bandit, steps, **options):
@@ -112,3 +121,13 @@ def test_dt_acts_as_the_behaviour_whose_return_it_is_asked_for(tmp_path):
             actions = actor(states)
             assert abs(actions.mean().item() - action) < 0.15 and (actions * np.sign(action) > 0.3).all(), actions
             actor.observe(torch.full((len(states),), reward))
+
+
+def test_riql_keeps_the_rewarded_behaviour_where_corrupted_rewards_pull_iql_away(tmp_path):
+    """A fifth of the unrewarded action's rows carry reward 10 instead of 0 (RIQL's reward corruption): IQL's
+    squared-error critic values that action at their mean, 2, above the rewarded one's 1, and acts as it; RIQL's
+    Huber critic (delta 1) values it near 0.25 and keeps acting as the rewarded behaviour."""
+    corrupted = two_action_bandit(tmp_path, corrupted=10.0)
+    iql = train("iql", corrupted, 800, hidden=(64, 64), batch_size=64).act(corrupted[1])
+    riql = train("riql", corrupted, 800, hidden=(64, 64), batch_size=64).act(corrupted[1])
+    assert (iql < -0.5).all() and (riql > 0.4).all(), (iql, riql)
