@@ -114,41 +114,33 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10, precis
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False):
-    """One gradient step of the dynamics ensemble (world_models.ensemble, default config): every member
-    on its own `batch_size` transitions (default 256); with `compile`, its loss compiled as `--model.compile`
-    compiles it."""
-    from offrl.compiling import compiled
-    from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, make_optimizer, transitions_to_training
+def dynamics_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False,
+                  precision: str = "fp32"):
+    """One gradient step of the dynamics ensemble as `world_models.train` takes it (`EnsembleTrainer.gradient_step`,
+    default config, `precision` and `compile` as --model.precision and --model.compile set them): every member on
+    its own `batch_size` transitions (default 256)."""
+    from world_models.ensemble import DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, transitions_to_training
 
-    cfg = EnsembleConfig(compile=compile)
-    batch_size = batch_size or cfg.batch_size
+    cfg = EnsembleConfig(compile=compile, precision=precision, batch_size=batch_size or EnsembleConfig.batch_size)
     ds = data.dataset
     model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg).to(device)
-    inputs, targets = (torch.as_tensor(x, device=device) for x in
-                       transitions_to_training(ds.observations, ds.actions, ds.rewards, ds.next_observations))
-    model.set_input_statistics(inputs)
-    optimizer = make_optimizer(model, cfg)  # the trainer's own
-    generator = torch.Generator(device=device).manual_seed(0)
-
     if compile:
         torch._dynamo.reset()  # a fresh compile (the recompile limit, as for the algorithms in time_algorithm)
-    loss_of = compiled(lambda x, y: model.loss(model.standardize(x), y), compile, dynamic=False)
+    trainer = EnsembleTrainer(model, *transitions_to_training(ds.observations, ds.actions, ds.rewards,
+                                                              ds.next_observations), seed=0)
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def update():
-        index = torch.randint(len(inputs), (cfg.members, batch_size), device=device, generator=generator)
-        loss, _ = loss_of(inputs[index], targets[index])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return {"loss": loss.detach()}
-    return batch_size, update
+        index = torch.randint(len(trainer.inputs), (cfg.members, cfg.batch_size), device=device, generator=generator)
+        return {"nll": trainer.gradient_step(index).sum()}
+    return cfg.batch_size, update
 
 
-def rollout_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False):
+def rollout_step(data: TrainingData, device: torch.device, batch_size: int | None = None, compile: bool = False,
+                 precision: str = "fp32"):
     """One step of a rollout round: `batch_size` rows (default 50,000, MOPO's rollout batch) through the
     policy and every member of the dynamics ensemble, a random elite's sample and MOPO's penalty (eager: no
-    option compiles rollouts, so `compile` changes nothing)."""
+    option compiles rollouts, so `compile` changes nothing; `precision` is the timing's autocast around it)."""
     from offrl.nets import TanhGaussianActor
     from world_models.ensemble import DynamicsEnsemble
     from world_models.rollout import aleatoric_penalty, model_step
@@ -209,7 +201,7 @@ def time_algorithm(algo: str, device: torch.device, warmup: int, blocks: int, pe
     torch.manual_seed(0)
     if algo in WORLD_MODEL_STEPS:
         cfg = argparse.Namespace()
-        cfg.batch_size, update = WORLD_MODEL_STEPS[algo](data, device, batch_size, compile)
+        cfg.batch_size, update = WORLD_MODEL_STEPS[algo](data, device, batch_size, compile, precision)
         module = None
     else:
         module = importlib.import_module(f"algos.{algo}")

@@ -131,3 +131,6 @@ def test_riql_keeps_the_rewarded_behaviour_where_corrupted_rewards_pull_iql_away
     iql = train("iql", corrupted, 800, hidden=(64, 64), batch_size=64).act(corrupted[1])
     riql = train("riql", corrupted, 800, hidden=(64, 64), batch_size=64).act(corrupted[1])
     assert (iql < -0.5).all() and (riql > 0.4).all(), (iql, riql)
+    # the Huber loss is what holds: RIQL with sigma 0.1 (delta 100, about squared error) follows the corruption too
+    squared = train("riql", corrupted, 800, hidden=(64, 64), batch_size=64, sigma=0.1).act(corrupted[1])
+    assert (squared < -0.5).all(), squared

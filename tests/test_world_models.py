@@ -94,17 +94,27 @@ def test_members_agree_where_the_data_went_and_disagree_where_it_did_not():
     inputs, targets = transitions_to_training(obs, actions, obs[:, 0] - (actions ** 2).sum(1), next_obs)
     torch.manual_seed(0)
     model = DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, max_epochs=30))
-    fit(model, inputs, targets, trainer=EnsembleTrainer(model, inputs, targets, seed=0))
+    trainer = EnsembleTrainer(model, inputs, targets, seed=0)  # standardizes the inputs with the data's statistics
     states = torch.as_tensor(rng.normal(size=(200, 3)).astype(np.float32))
-    spread = {}
-    for scale in (0.3, 1.0, 3.0):
-        drawn = torch.as_tensor(rng.uniform(-scale, scale, size=(200, 2)).astype(np.float32))
-        acts = drawn if scale == 0.3 else torch.sign(drawn) * scale  # the data's range, or its corners' multiples
-        step = model_step(model, states, acts, lambda s: torch.zeros(len(s), dtype=torch.bool))
-        bellman = bellman_penalty(model, states, acts, lambda s: torch.zeros(len(s), 2), lambda s, a: s.sum(1), 4)
-        spread[scale] = disagreement_penalty(step.mean).mean().item(), bellman.mean().item()
+    drawn = torch.as_tensor(rng.uniform(-1, 1, size=(200, 2)).astype(np.float32))
+    probes = {0.3: 0.3 * drawn, 1.0: torch.sign(drawn), 3.0: 3.0 * torch.sign(drawn)}  # the data's range; off it
+
+    def spreads():
+        out = {}
+        for scale, acts in probes.items():
+            step = model_step(model, states, acts, lambda s: torch.zeros(len(s), dtype=torch.bool))
+            bellman = bellman_penalty(model, states, acts, lambda s: torch.zeros(len(s), 2), lambda s, a: s.sum(1), 4)
+            out[scale] = disagreement_penalty(step.mean).mean().item(), bellman.mean().item()
+        return out
+
+    untrained = spreads()  # members initialized apart already disagree more at larger inputs
+    fit(model, inputs, targets, trainer=trainer)
+    spread = spreads()
     for i in range(2):
         assert spread[1.0][i] > 3 * spread[0.3][i] and spread[3.0][i] > spread[1.0][i], spread
+        # training made them agree on the data, far more than off it
+        assert spread[0.3][i] < 0.5 * untrained[0.3][i], (spread, untrained)
+        assert spread[1.0][i] / spread[0.3][i] > 2 * untrained[1.0][i] / untrained[0.3][i], (spread, untrained)
 
 
 def test_bf16_training_steps_learn_as_fp32_ones_and_keep_fp32_cache_keys():
@@ -361,6 +371,25 @@ def test_a_model_of_other_dims_or_a_corrupt_file_is_refused(tmp_path):
     (tmp_path / "bad.pt").write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="cannot be loaded"):
         load_model(tmp_path / "bad.pt")
+
+
+def test_model_files_stay_loadable_across_versions(tmp_path, capsys):
+    """An eager model's file holds no `compile` option (an offrl from before the option loads it, as it shares
+    the cache key); a file with an option this offrl does not know loads without it, with a warning."""
+    import json
+
+    from offrl import checkpoint as ckpt
+    from world_models.train import load_model, save_model
+
+    path = save_model(tmp_path / "m.pt", DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL)), "abc", 0)
+    assert "compile" not in json.loads(ckpt.load(path)["config"])
+    compiled_path = save_model(tmp_path / "c.pt", DynamicsEnsemble(3, 2, EnsembleConfig(**SMALL, compile=True)), "abc", 0)
+    assert load_model(compiled_path).cfg.compile
+    state = ckpt.load(path)
+    state["config"] = json.dumps({**json.loads(state["config"]), "newer_option": 1})
+    ckpt.save(tmp_path / "newer.pt", state)
+    assert load_model(tmp_path / "newer.pt").cfg.members == SMALL["members"]
+    assert "options this offrl does not know (newer_option)" in capsys.readouterr().err
 
 
 class FixedModel:

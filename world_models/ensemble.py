@@ -214,13 +214,25 @@ class EnsembleTrainer:
         model.set_input_statistics(self.inputs[torch.as_tensor(self.train_rows, device=device)])
         self.bootstrap = self.rng.integers(len(self.train_rows), size=(cfg.members, len(self.train_rows)))
         self.optimizer = make_optimizer(model, cfg)
-        # static shapes: an epoch's full batches and its one shorter last batch, two graphs in all
+        # static shapes: an epoch's full batches and its one shorter last batch, two graphs in all. Compiled code
+        # is cached per code object with guards on this trainer, so a process compiles at most a few trainers
+        # (torch._dynamo's recompile limit, 8 graphs) before later ones run eager: one per process, as
+        # world_models.train and the model-based algorithms train.
         self._loss = compiled(self.training_loss, cfg.compile, dynamic=False)
         self.best = np.full(cfg.members, np.inf)
         self.snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if is_per_member(k, v, cfg.members)}
         self.epoch, self.epochs_without_improvement = 0, 0
         self.last_train_nll = np.full(cfg.members, np.nan)
         self.last_holdout = np.full(cfg.members, np.nan)
+
+    def gradient_step(self, index: torch.Tensor) -> torch.Tensor:
+        """One Adam step on rows `index` [E, B] of the training data (member i on its row i); returns each
+        member's Gaussian NLL [E]."""
+        loss, nll = self._loss(self.inputs[index], self.targets[index])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return nll
 
     def training_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`DynamicsEnsemble.loss` of raw (s, a) rows [E, B, in] under the configured precision."""
@@ -238,12 +250,7 @@ class EnsembleTrainer:
         rows = torch.as_tensor(self.train_rows[self.bootstrap], device=device)  # [E, N_train]
         nll_sum, batches = torch.zeros(cfg.members, device=device), 0
         for start in range(0, rows.shape[1], cfg.batch_size):
-            index = rows[:, start:start + cfg.batch_size]
-            loss, nll = self._loss(self.inputs[index], self.targets[index])
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            nll_sum += nll
+            nll_sum += self.gradient_step(rows[:, start:start + cfg.batch_size])
             batches += 1
         self.last_train_nll = (nll_sum / max(batches, 1)).cpu().numpy()
         holdout = self.holdout_errors()

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -73,8 +73,11 @@ def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
 
 
 def save_model(path: Path, model: DynamicsEnsemble, dataset_checksum: str, seed: int, extra: dict | None = None) -> Path:
+    config = asdict(model.cfg)
+    if not config["compile"]:  # an eager model's file as before the option existed: older offrl versions load it
+        del config["compile"]
     return ckpt.save(path, {"format": FORMAT, "model": model.state_dict(), "obs_dim": model.obs_dim,
-                            "act_dim": model.act_dim, "config": json.dumps(asdict(model.cfg)), "seed": seed,
+                            "act_dim": model.act_dim, "config": json.dumps(config), "seed": seed,
                             "dataset_checksum": dataset_checksum, **(extra or {})})
 
 
@@ -87,7 +90,11 @@ def load_model(path: str | Path, device: torch.device | str = "cpu", obs_dim: in
     if (obs_dim is not None and state["obs_dim"] != obs_dim) or (act_dim is not None and state["act_dim"] != act_dim):
         raise CheckpointError(f"dynamics model {path}: made for obs {state['obs_dim']} / act {state['act_dim']}, "
                               f"the data has obs {obs_dim} / act {act_dim}")
-    cfg = EnsembleConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(state["config"]).items()})
+    saved = json.loads(state["config"])
+    if unknown := sorted(set(saved) - {f.name for f in fields(EnsembleConfig)}):  # options of a newer offrl
+        print(f"warning: dynamics model {path} was saved with options this offrl does not know ({', '.join(unknown)}); "
+              "loading it without them", file=sys.stderr)
+    cfg = EnsembleConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k not in unknown})
     with torch.random.fork_rng(devices=[]):  # the weights are overwritten: leave the caller's RNG as it was
         model = DynamicsEnsemble(state["obs_dim"], state["act_dim"], cfg)
     try:
