@@ -211,21 +211,23 @@ class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper mask on the CPU.
 
     On the CPU, torch draws one random number per element for the mask (`bernoulli_`, the largest cost
-    after the matmuls in a CPU profile of a DT update). Here each random 64-bit word gives four 16-bit
-    draws: an element is dropped when its draw falls below round(p * 65536), so the drop rate is p rounded to a multiple
-    of 1/65536 (0.1 -> 0.1000061), and kept elements are scaled by 1 / (1 - that rate), which keeps the
-    layer unbiased. Other devices use torch's own dropout. (algos/dt.py writes its CPU attention out to use it
-    on the attention weights, where scaled_dot_product_attention would draw torch's.)
+    after the matmuls in a CPU profile of a DT update). Here each random 64-bit word gives two 32-bit
+    draws: an element is dropped when its draw falls below round(p * 2^32), so the drop rate is p to within
+    2^-33, and kept elements are scaled by 1 / (1 - that rate), which keeps the layer unbiased. (32-bit, not
+    16-bit, draws: Inductor's CPU kernels compare int16 values in a scalar loop, and the LayerNorm-and-dropout
+    kernels of a compiled bf16 DT update took 1.4-2.4 ms each with 16-bit draws, 0.8-0.9 ms with 32-bit ones.)
+    Other devices use torch's own dropout. (algos/dt.py writes its CPU attention out to use it on the attention
+    weights, where scaled_dot_product_attention would draw torch's.)
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or self.p >= 1 or x.device.type != "cpu" or self.inplace:
             return super().forward(x)
-        drops = round(self.p * 65536)  # out of 65536
-        draws = _random_words(x.detach(), (x.numel() + 3) // 4)  # detached: no autograd wrapper around the op
-        kept = draws.view(torch.int16)[:x.numel()].view(x.shape) >= drops - 32768
+        drops = round(self.p * 2**32)  # out of 2^32
+        draws = _random_words(x.detach(), (x.numel() + 1) // 2)  # detached: no autograd wrapper around the op
+        kept = draws.view(torch.int32)[:x.numel()].view(x.shape) >= drops - 2**31
         # mask, then scale: a bf16 mask * scale would round 1/0.9 to 1.109
-        return (x * kept.to(x.dtype)) * (65536 / (65536 - drops))
+        return (x * kept.to(x.dtype)) * (2**32 / (2**32 - drops))
 
 
 NARROW = 16
