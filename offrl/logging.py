@@ -175,8 +175,8 @@ def truncate_metrics(path: Path, last_step: int, checkpoint_end: tuple[int, str]
         return
     data = path.read_bytes()
     if checkpoint_end is not None:
-        length, last_line = checkpoint_end
-        if data[:length].endswith((last_line + "\n").encode()) or (length == 0 and not last_line):
+        length, line_then = checkpoint_end
+        if data[:length].endswith((line_then + "\n").encode()) or (length == 0 and not line_then):
             data = data[:length]
         else:
             print(f"warning: {path} changed since the checkpoint was saved; rows logged after it at its own step "
