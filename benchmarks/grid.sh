@@ -90,15 +90,17 @@
 # or without it). One thread of a 2-core Xeon with AMX, bf16 (results/speed-bf16.md, parts slow-class-xeon and
 # slow-class-xeon-compiled): CQL 84.3 ms an update eager, 59.5 compiled; DT 128.2 and 110.6 (once
 # offrl.nets.Dropout's random words became an op torch.compile keeps in its graph), so COMPILE="cql dt" there.
+# Since Dropout draws 32 bits per element (results/speed-bf16.md parts dt-xeon-32bit-dropout*, a quieter hour):
+# DT 105.4 eager, 74.6 compiled (88 with the 16-bit draws in the same hour).
 # The caption's command names COMPILE when it is set.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms
 # under bf16, default none), COMPILE (algorithms with --run.compile, default none), FAST_STEPS, SLOW_STEPS,
 # MOPO_STEPS, MB_SLOW_STEPS, MODEL_EPOCHS (the budgets above), MODEL_PRECISION (fp32 or bf16: how the dynamics
 # models train, and so which cached model the runs use), MODEL_COMPILE=1 (--model.compile: the models' training
-# loss compiled; on one thread of the 2-core Xeon with AMX, bf16, hopper medium-replay's epochs took about 4 s
-# against 7 eager beside two 1-thread runs, after ~15 s of compiling; like MODEL_PRECISION it names which cached
-# model the runs use), DRY_RUN=1 (print the commands instead of running
+# loss compiled; on one thread of the 2-core Xeon with AMX, bf16, a training step took 7.69 ms against 10.12
+# eager, results/speed.md parts dynamics-xeon-amx-bf16*, after ~15 s of compiling; like MODEL_PRECISION it names
+# which cached model the runs use), DRY_RUN=1 (print the commands instead of running
 # them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
 # unstarted runs, steps and core-hours left; runs nothing).
 set -euo pipefail

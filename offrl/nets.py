@@ -215,7 +215,9 @@ class Dropout(nn.Dropout):
     draws: an element is dropped when its draw falls below round(p * 2^32), so the drop rate is p to within
     2^-33, and kept elements are scaled by 1 / (1 - that rate), which keeps the layer unbiased. (32-bit, not
     16-bit, draws: Inductor's CPU kernels compare int16 values in a scalar loop, and the LayerNorm-and-dropout
-    kernels of a compiled bf16 DT update took 1.4-2.4 ms each with 16-bit draws, 0.8-0.9 ms with 32-bit ones.)
+    kernels of a compiled bf16 DT update took 1.4-2.4 ms each with 16-bit draws, 0.8-0.9 ms with 32-bit ones;
+    the whole update 87.7-88.3 ms against 73.6-77.0, one thread of a 2-core Xeon with AMX, interleaved runs of
+    `python -m benchmarks.speed --algos dt --compile --precision bf16 --threads 1`.)
     Other devices use torch's own dropout. (algos/dt.py writes its CPU attention out to use it on the attention
     weights, where scaled_dot_product_attention would draw torch's.)
     """

@@ -79,8 +79,8 @@ class EnsembleConfig:
     compile: bool = False
     """torch.compile the training loss (forward and backward; the optimizer step stays eager). The same model up
     to float rounding, which compiled kernels order differently, so it enters the cache key (only when on).
-    Compiling takes ~15 s once; on one thread of a 2-core Xeon with AMX a bf16 training step then took 8.7 ms
-    against 11.4 eager (a 7-member default ensemble, 256 rows each)."""
+    Compiling takes ~15 s once; on one thread of a 2-core Xeon with AMX a bf16 training step of the default
+    ensemble then took 7.69 ms against 10.12 eager (results/speed.md, parts dynamics-xeon-amx-bf16*)."""
 
 
 def check_config(cfg: EnsembleConfig, training: bool = False) -> None:
