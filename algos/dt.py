@@ -21,7 +21,8 @@ Deviations: a plain-PyTorch pre-LN transformer (GPT-2's layout: attention and ML
 dropout, final LayerNorm) instead of HuggingFace GPT-2 (padding is masked out of attention and the loss
 in both); the loss is taken in the unit action box (identical for [-1, 1] boxes); on the CPU the
 embedding, residual, MLP and attention dropout masks come from `offrl.nets.Dropout` (cheaper random draws, 32
-bits each), for which training writes the attention out instead of calling SDPA (`Block.forward`; other
+bits each since commit 16ae801, 16 before: the masks changed there, so a DT run resumed across it is not
+bit-identical with one that was not), for which training writes the attention out instead of calling SDPA (`Block.forward`; other
 devices keep SDPA and its dropout; the DT runs in results/ predate this, commit fdfac43, and had SDPA's attention
 dropout on the CPU too). Initialization and weight decay differ from the official code by default, and the DT
 tables in results/ were made so: every layer keeps PyTorch's default init, where the official GPT-2 blocks draw

@@ -91,7 +91,7 @@
 # slow-class-xeon-compiled): CQL 84.3 ms an update eager, 59.5 compiled; DT 128.2 and 110.6 (once
 # offrl.nets.Dropout's random words became an op torch.compile keeps in its graph), so COMPILE="cql dt" there.
 # Since Dropout draws 32 bits per element (results/speed-bf16.md parts dt-xeon-32bit-dropout*, a quieter hour):
-# DT 105.4 eager, 74.6 compiled (88 with the 16-bit draws in the same hour).
+# DT 105.4 eager, 74.6 compiled (compiled with the 16-bit draws, the same hour: 88).
 # The caption's command names COMPILE when it is set.
 #
 # Environment: JOBS (2), ONLY (algorithms, default all ten), DATASETS (ids, default the nine), BF16 (algorithms

@@ -195,8 +195,8 @@ def _random_words(like: torch.Tensor, count: int) -> torch.Tensor:
     torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each of its 10 dropouts), and
     Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled DT update, bf16, one
     thread of a 2-core Xeon with AMX (`python -m benchmarks.speed --algos dt --precision bf16 --threads 1
-    --compile`, single runs): 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-121); fp32 169.3
-    (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
+    --compile`, single runs, when Dropout drew 16 bits per element): 118.4 ms with Inductor's, 97.9-101.1 with
+    this op (eager 110-121); fp32 169.3 (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
     common-subexpression pass merged two calls of the same count into one (both layers then dropped the same
     units), which the argument keeps apart."""
     return torch.empty(count, dtype=torch.int64, device=like.device).random_(-2**63, 2**63 - 1)
@@ -215,9 +215,10 @@ class Dropout(nn.Dropout):
     draws: an element is dropped when its draw falls below round(p * 2^32), so the drop rate is p to within
     2^-33, and kept elements are scaled by 1 / (1 - that rate), which keeps the layer unbiased. (32-bit, not
     16-bit, draws: Inductor's CPU kernels compare int16 values in a scalar loop, and the LayerNorm-and-dropout
-    kernels of a compiled bf16 DT update took 1.4-2.4 ms each with 16-bit draws, 0.8-0.9 ms with 32-bit ones;
-    the whole update 87.7-88.3 ms against 73.6-77.0, one thread of a 2-core Xeon with AMX, interleaved runs of
-    `python -m benchmarks.speed --algos dt --compile --precision bf16 --threads 1`.)
+    kernels of a compiled bf16 DT update took 1.4-2.4 ms each with 16-bit draws, 0.8-0.9 ms with 32-bit ones in
+    a kernel profile taken beside two other runs; with nothing else running, the whole update took 87.7-88.3 ms
+    against 73.6-77.0 on one thread of a 2-core Xeon with AMX, results/speed-bf16.md part
+    dt-xeon-32bit-dropout-compiled.)
     Other devices use torch's own dropout. (algos/dt.py writes its CPU attention out to use it on the attention
     weights, where scaled_dot_product_attention would draw torch's.)
     """
@@ -226,6 +227,8 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0 or self.p >= 1 or x.device.type != "cpu" or self.inplace:
             return super().forward(x)
         drops = round(self.p * 2**32)  # out of 2^32
+        if drops == 2**32:  # p within 2^-33 of 1: everything dropped
+            return super().forward(x)
         draws = _random_words(x.detach(), (x.numel() + 1) // 2)  # detached: no autograd wrapper around the op
         kept = draws.view(torch.int32)[:x.numel()].view(x.shape) >= drops - 2**31
         # mask, then scale: a bf16 mask * scale would round 1/0.9 to 1.109

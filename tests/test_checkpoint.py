@@ -123,14 +123,20 @@ def test_a_checkpoint_from_before_the_dynamics_model_was_saved_still_resumes(cap
     agent, model = nn.Linear(2, 2), nn.Linear(2, 2)
     before = model.weight.detach().clone()
     saved = {"agent": nn.Linear(2, 2).state_dict()}
-    ckpt.load_state_dicts({"agent": agent, "dynamics_model": model}, saved, "old.pt")
+    from world_models.rollout import LastRollout
+
+    last_rollout = LastRollout()
+    ckpt.load_state_dicts({"agent": agent, "dynamics_model": model, "last_rollout": last_rollout}, saved, "old.pt")
     assert torch.equal(agent.weight, saved["agent"]["weight"]) and torch.equal(model.weight, before)
-    assert "predates saving dynamics_model; resuming with the dynamics model this run loaded" in capsys.readouterr().err
+    assert last_rollout.metrics == {}
+    err = capsys.readouterr().err
+    assert "predates saving dynamics_model, last_rollout; resuming with the dynamics model this run loaded" in err
+    assert "no rollout/* metrics logged until the next rollout round" in err
     with pytest.raises(CheckpointError, match="has no state for buffer"):
         ckpt.load_state_dicts({"agent": agent, "buffer": model}, saved, "old.pt")
 
 
-def test_a_value_saved_only_since_a_later_version_is_optional_when_loading():
+def test_a_value_saved_only_since_a_later_version_is_optional_when_loading(capsys):
     """TD3+BC checkpoints its carried actor metrics since a later version (VALUES_ADDED_LATER): an older state
     loads and keeps them as built; a state missing a value that was always saved is still refused."""
     from algos.td3_bc import TD3BC
@@ -148,5 +154,6 @@ def test_a_value_saved_only_since_a_later_version_is_optional_when_loading():
     assert agent.state_dict()["actor_metrics"]["actor_loss"] is not agent.actor_metrics["actor_loss"]  # a copy
     agent.load_state_dict({"updates": 9})  # an older checkpoint's state
     assert agent.updates == 9 and agent.actor_metrics["actor_loss"].item() == 1.5
+    assert "predates saving Agent's actor_metrics; resuming with it as built" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="state of 'agent' does not fit"):
         ckpt.load_state_dicts({"agent": agent}, {"agent": {"actor_metrics": {}}}, "old.pt")
