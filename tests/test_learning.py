@@ -66,7 +66,7 @@ def test_bc_averages_the_two_behaviours(bandit):
     untrained = train("bc", bandit, 0, hidden=(64, 64), batch_size=256).act(bandit[1])
     assert untrained.abs().max() > 0.2  # the initial network does not already act about 0 everywhere
     actions = train("bc", bandit, 600, hidden=(64, 64), batch_size=256).act(bandit[1])
-    assert actions.abs().max() < 0.05, actions
+    assert actions.abs().max() < 0.08, actions  # 0.03 on this CPU; the untrained network's reach 0.28
 
 
 @pytest.mark.parametrize("module", ["td3_bc", "iql", "riql"])
