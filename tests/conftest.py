@@ -62,6 +62,11 @@ PYTHON = sys.executable
 VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
+def strip(row: dict) -> dict:
+    """A run record without its VOLATILE fields."""
+    return {k: v for k, v in row.items() if k not in VOLATILE}
+
+
 def assert_reevaluation_reproduces(run_dir):
     """`offrl eval` of a finished run, with the run's own episodes and seed, gives its last evaluations."""
     import json

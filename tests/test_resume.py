@@ -12,15 +12,11 @@ import torch
 from offrl import checkpoint as ckpt
 from offrl.errors import OffrlError, TrainingDiverged
 
-from conftest import PYTHON, ROOT, VOLATILE, run_cli, saved_step
+from conftest import PYTHON, ROOT, run_cli, saved_step, strip
 
 COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
           "--hidden", "64", "64"]
-
-
-def strip(row):
-    return {k: v for k, v in row.items() if k not in VOLATILE}
 
 
 def metrics(run_dir):

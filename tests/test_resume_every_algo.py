@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, VOLATILE, assert_reevaluation_reproduces
+from conftest import PYTHON, ROOT, assert_reevaluation_reproduces, strip
 
 INJECT = str(ROOT / "tests" / "fault_injection.py")
 STOP_AT = 37
@@ -31,10 +31,6 @@ ALGOS = {
     "mobile": ["--hidden", "32", "32", "--num-samples", "3", *TINY_MODEL],
     "ravl": ["--hidden", "32", "32", "--num-critics", "4", *TINY_MODEL],
 }
-
-
-def strip(row):
-    return {k: v for k, v in row.items() if k not in VOLATILE}
 
 
 def train(algo, out_dir, *extra, stop_at=None):
