@@ -62,6 +62,12 @@ PYTHON = sys.executable
 VOLATILE = ("time", "steps_per_second", "train/steps_per_second", "wall_seconds", "core_seconds", "resumes", "run_dir")
 
 
+def tiny_model(max_epochs: int) -> list[str]:
+    """Options for a dynamics ensemble small enough to train in a test: 3 members, 2 elites, 16x16, no decay."""
+    return ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
+            "--model.weight-decay", "0", "0", "0", "--model.max-epochs", str(max_epochs)]
+
+
 def strip(row: dict) -> dict:
     """A run record without its VOLATILE fields."""
     return {k: v for k, v in row.items() if k not in VOLATILE}

@@ -6,10 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import PYTHON, VOLATILE, run_cli
+from conftest import PYTHON, VOLATILE, run_cli, tiny_model
 
-TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
-              "--model.weight-decay", "0", "0", "0", "--model.max-epochs", "3"]
+TINY_MODEL = tiny_model(max_epochs=3)
 FAST = ["--eval.episodes", "3", "--log.every", "50", "--log.wandb", "disabled", "--hidden", "32", "32",
         "--rollout-every", "100", "--rollout-batch", "200", *TINY_MODEL]
 

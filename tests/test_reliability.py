@@ -17,7 +17,7 @@ import torch
 
 from offrl import checkpoint as ckpt
 
-from conftest import PYTHON, ROOT, VOLATILE, saved_step
+from conftest import PYTHON, ROOT, VOLATILE, saved_step, tiny_model
 
 INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
 QUIET = ["--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1"]
@@ -180,8 +180,7 @@ def test_a_second_signal_stops_at_once(tiny, tmp_path):
     assert saved_step(the_run(tmp_path) / "checkpoints" / "last.pt") == 100  # the periodic checkpoint stands
 
 
-TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16", "--model.weight-decay",
-              "0", "0", "0", "--model.max-epochs", "2", "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
+TINY_MODEL = [*tiny_model(max_epochs=2), "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
 ALGORITHM_ARGS = {
     "bc": [], "td3_bc": ["--hidden", "32", "32"], "iql": [], "cql": ["--hidden", "32", "32"], "riql": [],
     "dt": ["--embed-dim", "32", "--layers", "1", "--heads", "1", "--batch-size", "16"], "rcsl": [],
@@ -192,7 +191,7 @@ ALGORITHM_ARGS = {
     # 10 behaviour-policy steps, then rollouts, then RCSL from step 11: the poison lands in RCSL's phase
     "mbrcsl": ["--behaviour.steps", "10", "--behaviour.widths", "8", "16", "--behaviour.time-dim", "8",
                "--rcsl.hidden", "32", "32", "--rollout-batch", "30", "--num-trajectories", "20",
-               "--max-rollout-epochs", "3", "--horizon", "50", "--threshold", "0", *TINY_MODEL[:13]],
+               "--max-rollout-epochs", "3", "--horizon", "50", "--threshold", "0", *tiny_model(max_epochs=2)],
 }
 
 

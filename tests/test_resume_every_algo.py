@@ -12,14 +12,13 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, assert_reevaluation_reproduces, strip
+from conftest import PYTHON, ROOT, assert_reevaluation_reproduces, strip, tiny_model
 
 INJECT = str(ROOT / "tests" / "fault_injection.py")
 STOP_AT = 37
 COMMON = ["--steps", "60", "--eval.every", "0", "--eval.episodes", "2", "--log.every", "1", "--log.wandb", "disabled",
           "--log.no-progress", "--run.threads", "1"]
-TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16", "--model.weight-decay", "0",
-              "0", "0", "--model.max-epochs", "3", "--rollout-every", "25", "--rollout-batch", "100"]
+TINY_MODEL = [*tiny_model(max_epochs=3), "--rollout-every", "25", "--rollout-batch", "100"]
 ALGOS = {
     "td3_bc": ["--hidden", "32", "32"],
     "bc": ["--hidden", "32", "32"],

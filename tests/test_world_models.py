@@ -17,7 +17,7 @@ from world_models.ensemble import (
     transitions_to_training,
 )
 
-from conftest import PYTHON, ROOT, run_cli
+from conftest import PYTHON, ROOT, run_cli, tiny_model
 
 SMALL = dict(members=4, elites=2, hidden=(32, 32), weight_decay=(0.0, 0.0, 0.0), batch_size=64)
 
@@ -293,8 +293,7 @@ def test_an_unknown_env_is_named_in_a_warning():
     assert not fn(torch.zeros(4, 10)).any()
 
 
-TINY_MODEL = ["--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
-              "--model.weight-decay", "0", "0", "0", "--model.max-epochs", "2"]
+TINY_MODEL = tiny_model(max_epochs=2)
 
 
 def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_path, capsys):
