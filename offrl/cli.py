@@ -14,7 +14,7 @@ Input errors print one line (`error: ...`) and exit 1.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import json
 import sys
 import warnings
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
                                        "(SAC snapshots, offrl.policies.save_actor) and offrl training checkpoints "
                                        "(runs/<algo>/.../checkpoints/last.pt of sac, cql, td3_bc, bc, iql, riql).")
     make.add_argument("dataset_id", nargs="?", help="e.g. offrl/tiny-v0 or offrl/hopper/medium-v0")
-    make.add_argument("--all", action="store_true", help="make every suite dataset that is not on disk yet")
+    make.add_argument("--all", action="store_true", help="make every dataset the project defines that is not on disk "
+                      "yet: the tiny one, the point-maze one (with gymnasium-robotics) and the MuJoCo suite")
     make.add_argument("--force", action="store_true", help="replace existing datasets")
     make.add_argument("--env", help="your own dataset: the Gymnasium env id, e.g. Hopper-v5")
     make.add_argument("--policy", help="your own dataset: a policy file or offrl training checkpoint")
@@ -218,6 +219,9 @@ def datasets_make(args) -> None:
     if args.all == (args.dataset_id is not None):
         raise OffrlError("give a dataset id or --all (or --env/--policy/--steps/--id for your own)")
     ids = suite.known_ids() if args.all else [args.dataset_id]
+    if args.all and importlib.util.find_spec("gymnasium_robotics") is None:  # an optional extra: make the rest
+        print(f"{suite.STITCH_ID}: skipped, it needs gymnasium-robotics (pip install -e \".[maze]\")")
+        ids.remove(suite.STITCH_ID)
     builder = suite.SuiteBuilder()
     for dataset_id in ids:
         if suite.exists(dataset_id) and not args.force:

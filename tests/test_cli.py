@@ -194,3 +194,23 @@ def test_run_compile_warns_where_the_algorithm_does_not_compile(algo, warns, tmp
     run.logger.close()
     run._restore_signals()
     assert ("--run.compile has no effect on " + algo in capsys.readouterr().err) == warns
+
+
+def test_make_all_without_gymnasium_robotics_makes_the_rest(monkeypatch, capsys):
+    """The point-maze dataset needs an optional extra: without it `--all` says so and makes every other dataset
+    (it stopped at the maze, the second id, before any MuJoCo one was made)."""
+    import importlib.util
+
+    from offrl import cli
+    from offrl.data import suite
+
+    made = []
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gymnasium_robotics" else find_spec(name, *a))
+    monkeypatch.setattr(suite, "exists", lambda dataset_id: False)
+    monkeypatch.setattr(suite, "SuiteBuilder", lambda: None)
+    monkeypatch.setattr(suite, "make", lambda dataset_id, overwrite, builder: made.append(dataset_id) or
+                        {"id": dataset_id, "transitions": 1, "episodes": 1, "seconds": 0.0, "checksum": "0"})
+    cli.main(["datasets", "make", "--all"])
+    assert made == [i for i in suite.known_ids() if i != suite.STITCH_ID] and len(made) > 2
+    assert f"{suite.STITCH_ID}: skipped, it needs gymnasium-robotics" in capsys.readouterr().out
