@@ -67,8 +67,8 @@ lists each side's trained parameters (the parameters in its optimizers) as a che
     python -m benchmarks.speed_vs_corl --corl-dir ../corl --device cuda --threads 1 --section gpu
 
 At the defaults (3 rounds x threads 1 and 2 x 4 algorithms x 2 sides = 48 processes, each --warmup 200 +
---steps 1000 steps) a run takes roughly 45 minutes on an idle 2-core CPU, most of it CQL (~0.1 s per update
-on each side); `--json-dir DIR` keeps each measurement's JSON and log. Nothing else should run on the
+--steps 1000 steps) a run takes about an hour on an idle 2-core CPU, most of it CQL (~0.1 s per update on
+each side; scaled by the steps from 15 minutes with `--warmup 60 --steps 260` on a 2-core Xeon); `--json-dir DIR` keeps each measurement's JSON and log. Nothing else should run on the
 machine meanwhile: 2-thread measurements on a 2-core machine are disturbed by any other load.
 """
 
