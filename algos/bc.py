@@ -50,6 +50,7 @@ class Config(TrainConfig):
     frac_discount: float = 1.0
     """Discount used only to rank episodes for --frac."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+    """Preprocessing: states standardized (as CORL's BC)."""
 
 
 def bc_loss(predicted: torch.Tensor, data_actions: torch.Tensor) -> torch.Tensor:

@@ -92,8 +92,10 @@ class Config(TrainConfig):
     locomotion files (hopper 3600/1800, walker2d 5000/2500, halfcheetah 12000/6000); on data without published
     targets, the dataset's ref_max_score and half of it."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=100))
+    """Evaluation every 10k steps with 100 episodes at each target (CORL's DT)."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6,
                                                                 d4rl_trajectories=True))
+    """Preprocessing: states standardized (eps 1e-6; CORL's DT); D4RL .hdf5 files read as recorded episodes."""
 
 
 class Block(nn.Module):

@@ -94,6 +94,8 @@ class Config(TrainConfig):
     hl_sigma_ratio: float = 0.75
     """HL-Gauss: sigma as a multiple of the bin width."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
+    """Preprocessing: rewards scaled by 1000 / (max - min episode return) and dataset actions clipped, as IQL's
+    locomotion setting."""
 
     @property
     def schedule_spans_steps(self) -> bool:

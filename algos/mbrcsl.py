@@ -16,12 +16,13 @@ joining the good half of one to the good half of another. MBRCSL lets a model do
        rollout (R_t = sum of its rewards from t on), and evaluated conditioned on the best kept return.
 
 Defaults are the reference's point-maze settings (docs/FACTS.md section 8, `run_mbrcsl_maze.py`): 10 diffusion
-steps, rollouts of 200, 100 trajectories kept, at most 1000 rollout batches; RCSL 1024-1024, lr 5e-5,
+steps, 200 rollouts a batch (each as long as the env's time limit), 100 trajectories kept, at most 1000
+rollout batches; RCSL 1024-1024, lr 5e-5,
 weight decay 0.1, batch 256, 10% hold-out. Deviations: the diffusion network is an eighth of the
 reference's width and trains 20k steps at its stated learning rate (offrl.generative explains why);
 RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient, states and
-returns are normalized (the reference feeds raw ones), returns-to-go are divided by the best kept return
-(so conditioning lies in about [0, 1]) and early stopping (1% rule, patience 5) checks every 500 steps
+returns are normalized (the reference feeds raw ones), returns-to-go are divided by the kept returns' largest magnitude
+(so conditioning lies in about [-1, 1]; `return_scale`) and early stopping (1% rule, patience 5) checks every 500 steps
 from the start instead of every epoch from epoch 80. RCSL's budget is steps (10k), the reference's epochs
 over the kept data (80-100): about the same on the point maze (~70 steps an epoch), but on 1000-step
 rollouts the reference trains at least ~28k steps; raise --steps there.
@@ -86,6 +87,7 @@ class Config(DynamicsModelConfig):
     """Most RCSL gradient steps (early stopping usually ends sooner); the behaviour policy's come before them.
     0: train the behaviour policy and make the rollouts only (a resume with more steps trains RCSL on them)."""
     behaviour: generative.BehaviourConfig = field(default_factory=generative.BehaviourConfig)
+    """Phase 1: the generative behaviour policy rolled out in the model."""
     behaviour_policy: Optional[str] = None
     """A behaviour-policy file (<run>/behaviour.pt of an earlier run) to roll out instead of training one; '{seed}'
     in it becomes --seed, for sweeps."""
@@ -100,8 +102,11 @@ class Config(DynamicsModelConfig):
     horizon: Optional[int] = None
     """Rollout length (default: the env's time limit, else the longest episode in the data)."""
     rcsl: RCSLOptions = field(default_factory=RCSLOptions)
+    """Phase 3: the RCSL policy trained on the kept rollouts."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=0, episodes=10))
+    """The RCSL policy evaluated at the end only (the behaviour policy once, when trained)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The raw data, which the dynamics model learns (RCSL normalizes its own inputs)."""
 
 
 # ------------------------------------------------------------------------------------ rollouts

@@ -13,7 +13,7 @@ the critic's target and measures how much the ensemble's members disagree about 
 Defaults (docs/FACTS.md section 10, the official `configs/gym/*.py` and OfflineRL-Kit's `mobile.py`): SAC 2 x 256
 with 2 critics, actor lr 1e-4 decayed to 0 by a cosine over the run, critic lr 3e-4, alpha lr 1e-4 from
 alpha 1 when tuned (the official `train.py` starts log alpha at 0; its config's alpha 0.2 is the fixed
-value where tuning is off, and docs/FACTS.md's "alpha init 0.2" is read from that config), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
+value where tuning is off, as docs/FACTS.md says), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
 steps kept for 5 rounds, 3M steps; (h, beta) and the other per-task settings from the official table
 (hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2; the random levels too: h 5, beta 0.5, 5.0 and 2.0
 for halfcheetah, hopper and walker2d). Other data: h 5, beta 1.0, alpha tuned. The dynamics models train

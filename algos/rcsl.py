@@ -20,7 +20,10 @@ With no hold-out (`--holdout-ratio 0`, or too few transitions for one row) there
 the last weights are the policy, as in MBRCSL's trainer.
 
 Defaults: RvS-R's 2x1024 ReLU MLP and Adam 1e-3 (batch 256 instead of RvS's 16384, sized for CPUs), states
-normalized, rtg_scale 1000, and MBRCSL's conditioning and loss (`--conditioning rtg --head deterministic`);
+normalized, rtg_scale 1000, and MBRCSL's conditioning and loss (`--conditioning rtg --head deterministic`;
+MBRCSL feeds raw states and raw returns-to-go, RvS raw states: the normalization and the scale are this
+module's, so the network's inputs lie near unit scale on any env; `--data.no-normalize-states --rtg-scale 1`
+gives the references' raw inputs);
 RvS-R itself is `--conditioning average --head gaussian` (its loss is the Gaussian's negative
 log-likelihood). Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
 xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
@@ -85,7 +88,9 @@ class Config(TrainConfig):
     eval_targets: Optional[tuple[float, ...]] = None
     """Target returns to condition on at evaluation (default: the dataset's best episode return)."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=0, episodes=10))
+    """Evaluation only at the end, of the kept (best hold-out) weights."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, d4rl_trajectories=True))
+    """Preprocessing: states standardized (this module's; see above); D4RL .hdf5 files read as recorded episodes."""
 
 
 class RCSLPolicy(nn.Module):

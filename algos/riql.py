@@ -95,7 +95,10 @@ class Config(TrainConfig):
     cosine_actor_lr: bool = True
     """Cosine-decay the actor's learning rate to 0 over --steps."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000))
+    """Evaluation every 10k steps (RIQL's eval frequency)."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_stats_with_next=True))
+    """Preprocessing: states standardized with statistics over observations and next observations (RIQL's);
+    raw rewards."""
 
     @property
     def schedule_spans_steps(self) -> bool:

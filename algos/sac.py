@@ -80,7 +80,9 @@ class Config(RunConfigBase):
     actor_every: int = 10_000
     """Save the actor's weights every this many env steps (0 = never)."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=10))
+    """Evaluation every 10k env steps."""
     run: RunConfig = field(default_factory=lambda: RunConfig(checkpoint_every=50_000))
+    """Checkpoints (with the replay buffer) every 50k env steps."""
 
 
 class SAC(SACAgent):

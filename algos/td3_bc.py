@@ -66,6 +66,7 @@ class Config(TrainConfig):
     policy_freq: int = 2
     """Actor and target updates every this many critic updates."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True))
+    """Preprocessing: states standardized (TD3+BC's normalization, eps 1e-3)."""
 
 
 def critic_target(batch: Batch, next_q: torch.Tensor, gamma: float) -> torch.Tensor:

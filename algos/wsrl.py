@@ -150,6 +150,7 @@ class Config(TrainConfig):
     tau: float = 5e-3
     """Polyak rate of the target critics."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=20_000, episodes=20))
+    """Evaluation every 20k env steps with 20 episodes."""
 
 
 def from_pretrained(cfg: Config) -> bool:

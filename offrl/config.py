@@ -72,6 +72,8 @@ class DataConfig:
 
 @dataclass
 class EvalConfig:
+    """When and how the policy is evaluated in the dataset's env (deterministic actions, normalized scores)."""
+
     every: int = 5000
     """Evaluate every this many steps (gradient steps; env steps for online algorithms) and always at the
     end; 0 = only at the end."""
@@ -87,6 +89,8 @@ class EvalConfig:
 
 @dataclass
 class LogConfig:
+    """Where and how often metrics are written: the run folder's metrics.jsonl and wandb."""
+
     every: int = 1000
     """Gather and write training metrics every this many steps."""
     wandb: Literal["offline", "online", "disabled"] = "offline"
@@ -103,6 +107,8 @@ class LogConfig:
 
 @dataclass
 class RunConfig:
+    """The run folder, checkpoints and how the update runs (threads, device work, precision, compiling)."""
+
     out_dir: str = "runs"
     """Runs go to <out_dir>/<algo>/<dataset>/<name>/."""
     checkpoint_every: int = 50_000

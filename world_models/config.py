@@ -14,6 +14,8 @@ class DynamicsModelConfig(TrainConfig):
     """The dynamics ensemble an algorithm learns from its data, or reuses (`world_models.rollout.load_dynamics`)."""
 
     model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    """The dynamics ensemble's architecture and training (its cache key: a model trained with other values is not
+    reused)."""
     model_seed: Optional[int] = None
     """Seed of the dynamics model's training (default: the run's --seed). One value for every seed shares
     one cached model across a sweep's seeds; the spread over seeds then excludes the model's."""

@@ -48,6 +48,7 @@ class TrainModelConfig:
     dataset: str = "offrl/tiny-v0"
     """Minari dataset id, D4RL .hdf5 or offrl .npz file."""
     model: EnsembleConfig = field(default_factory=EnsembleConfig)
+    """The ensemble's architecture and training (with the dataset and seed, its cache key)."""
     seed: int = 0
     """Seed of the holdout split, bootstrap samples and initialization."""
     device: str = "auto"
