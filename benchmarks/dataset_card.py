@@ -1,16 +1,20 @@
 """Write the dataset card (results/datasets.md) from the metadata of the local offrl datasets.
 
-    python -m benchmarks.dataset_card [--out results/datasets.md]
+    python -m benchmarks.dataset_card [--out results/datasets.md] [--record-checksums]
 
 Every number comes from the datasets on this machine (made by `offrl datasets make --all`):
 transitions, episodes, returns and normalized returns are computed from the data, the
-generation time is the one recorded in the metadata when the dataset was made.
+generation time is the one recorded in the metadata when the dataset was made. A dataset whose
+checksum differs from the committed reference (offrl/assets/policies/checksums.json) gets a warning;
+`--record-checksums` writes this machine's checksums as the reference instead (where the suite's
+policies and datasets are made and committed, not on a machine that only regenerates them).
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +32,8 @@ def _number(value) -> str:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("results/datasets.md"))
+    parser.add_argument("--record-checksums", action="store_true",
+                        help="write the local datasets' checksums into the committed reference file")
     args = parser.parse_args(argv)
     rows = []
     for dataset_id in suite.suite_ids():
@@ -45,8 +51,9 @@ def main(argv: list[str] | None = None) -> str:
         "`offrl datasets make --all` on this machine "
         f"({platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores). Normalized return = "
         "100 · (return − ref_min) / (ref_max − ref_min), with ref_min the uniform random policy and ref_max the "
-        "expert policy (sampled actions), 100 episodes each. Generation time covers rollouts, reference scores and "
-        "writing the Minari dataset.",
+        "expert policy (sampled actions), 100 episodes each. Generation time: the dataset's rollouts and reference "
+        "scores (not writing the Minari dataset; under `--all`, episodes and reference scores another level "
+        "already made are reused, not counted again).",
         "",
         "| dataset | transitions | episodes | mean length | return mean | min | max | normalized mean | ref min | ref max | made in (s) | checksum |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -82,9 +89,13 @@ def main(argv: list[str] | None = None) -> str:
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    if rows:
+    if rows and args.record_checksums:
         recorded = suite.record_reference_checksums()
         print(f"{len(recorded)} reference checksums in {suite.reference_checksums_path()}")
+    for dataset_id, _, _, _ in rows:
+        if differs := suite.differs_from_reference(dataset_id):
+            print(f"warning: {dataset_id} here has checksum {differs[0]}, the committed reference {differs[1]} "
+                  "(--record-checksums replaces the reference)", file=sys.stderr)
     print(text)
     return text
 

@@ -140,6 +140,8 @@ def test_dataset_card_is_generated_from_the_made_datasets(policy_root, tmp_path)
     run_cli("offrl", "datasets", "make", "--all")
     out = tmp_path / "datasets.md"
     run_cli(PYTHON, "-m", "benchmarks.dataset_card", "--out", str(out))
+    assert not (policy_root / "checksums.json").exists()  # the committed reference is written only when asked
+    run_cli(PYTHON, "-m", "benchmarks.dataset_card", "--out", str(out), "--record-checksums")
     text = out.read_text()
     for level in suite.LEVELS:
         dataset_id = f"offrl/pendulum/{level}-v0"
