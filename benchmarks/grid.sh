@@ -39,8 +39,9 @@
 # benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), about 10 times per run.
 # Model-based checkpoints hold the model buffer (up to 50k x 5 x 5 rows): about 20 GB for all their run folders.
 #
-# Precision: fp32. The Xeon these budgets were sized on has AVX-512 but no native bfloat16 (no AVX512-BF16 or
-# AMX), where bf16 matmuls are emulated and far slower. On a CPU that has it, BF16="cql dt" runs CQL and DT
+# Precision: fp32 by default; the figures above are float32 updates (measured on an AMD EPYC with AVX512-BF16 the
+# same day as results/speed-bf16.md's first part). A CPU without native bfloat16 (no AVX512-BF16 or AMX) emulates
+# bf16 matmuls, far slower. On a CPU that has it, BF16="cql dt" runs CQL and DT
 # (2.8x and 2.3x faster updates on an AMD EPYC with AVX512-BF16, results/speed-bf16.md) under
 # --run.precision bf16, as variants cql-bf16 and dt-bf16 in their own run folders (a run cannot change
 # precision when resumed, so keep a grid on machines of one kind); the table's precision column says which.
@@ -48,9 +49,9 @@
 # dynamics model inside the update), their rollouts stay fp32, and MODEL_PRECISION says how the dynamics models
 # train. The hopper medium-replay model's error against the simulator under bf16 autocast is its fp32 error
 # within 1% (observations) and 5.3% (rewards; results/model-error-hopper-mr-grid-*).
-# On that AMD EPYC the fp32 updates are slower than on the Xeon at one thread (ms: BC 2.7 against 1.4, TD3+BC
-# 8.3 against 5.4, IQL 12.1 against 7.4, CQL 225 against 201; results/speed.md part "updates-epyc"; a 100k-step
-# BC run took 4.5 min), so the fast class takes 1.5-2x its hours there in fp32. Under bf16 it is the other
+# Measured again two days later on an AMD EPYC (results/speed.md part "updates-epyc"), the fp32 updates were slower
+# than the figures above at one thread (ms: BC 2.7 against 1.4, TD3+BC 8.3 against 5.4, IQL 12.1 against 7.4, CQL
+# 225 against 201; a 100k-step BC run took 4.5 min), so the fast class may take 1.5-2x its hours in fp32. Under bf16 it is the other
 # way: from results/speed-bf16.md's one-thread bf16 figures there (ms: BC 0.93, TD3+BC 3.36, IQL 4.50, RIQL
 # 7.47, RCSL 7.34, CQL 71.5, DT 87.1), BF16="bc td3_bc iql riql rcsl cql dt" makes the fast class about 19.5
 # core-hours and the slow one about 13 (same formula as the table above).
