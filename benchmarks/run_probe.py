@@ -127,9 +127,8 @@ def _no_model_training() -> None:
     load_or_train = wt.load_or_train
 
     def guarded(dataset, cfg, seed=0, device="cpu", model_path=None, retrain=False, cache_dir=None, progress=True):
-        if model_path is None:  # the cache path as load_or_train computes it
-            checksum = dataset.metadata.get("checksum") or dataset.checksum()
-            path = Path(cache_dir or wt.default_cache()) / wt.cache_key(checksum, cfg, seed) / "model.pt"
+        if model_path is None:  # the cache path load_or_train reads
+            path = wt.cache_folder(dataset, cfg, seed, cache_dir) / "model.pt"
             if retrain or not path.exists():
                 probe["skipped"] = (f"no cached dynamics model ({path}); train it first (python -m world_models.train "
                                     f"--dataset {dataset.metadata.get('name')} --seed {seed} ...) or pass --model-path")

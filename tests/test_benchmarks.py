@@ -619,6 +619,29 @@ def test_speed_end_to_end_reports_a_real_run_beside_its_update_time(tiny, tmp_pa
     assert "| 1 | td3_bc | 40 (10) |" in table and "- mopo (1 thread(s)): skipped, no cached dynamics model" in table
 
 
+def test_end_to_end_probe_finds_a_cached_model_of_data_with_rows_left_out(tiny, tmp_path, monkeypatch):
+    """run_probe's guard looks for the model where load_or_train caches it: data whose s' comes from the next row
+    (a D4RL file without next_observations) have their own cache entry, which the guard once missed."""
+    from benchmarks import run_probe
+    from offrl.data import load_dataset
+    from offrl.data.sources import NEXT_ROW
+    from world_models import train as wt
+    from world_models.ensemble import EnsembleConfig
+
+    monkeypatch.setattr(wt, "load_or_train", lambda *args, **kwargs: "loaded")  # restored after the test
+    run_probe._no_model_training()
+    dataset = load_dataset(tiny)
+    dataset.metadata["next_observations"] = NEXT_ROW
+    cfg = EnsembleConfig()
+    with pytest.raises(SystemExit):  # nothing cached yet
+        wt.load_or_train(dataset, cfg, 0, cache_dir=tmp_path)
+    folder = wt.cache_folder(dataset, cfg, 0, tmp_path)
+    assert folder.name.split("-")[1] == "nonterminal"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"")
+    assert wt.load_or_train(dataset, cfg, 0, cache_dir=tmp_path) == "loaded"
+
+
 def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(tmp_path):
     """benchmarks/grid.sh with DRY_RUN=1 runs nothing: its sweeps cover ten algorithms x nine datasets x 3 seeds
     in four budget classes, and every run's options parse for its algorithm; ONLY and DATASETS cut a slice."""

@@ -120,6 +120,16 @@ def model_rows(dataset: Dataset) -> np.ndarray | slice:
     return slice(None)
 
 
+def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: str | Path | None = None) -> Path:
+    """Where the model of this dataset, config and seed is cached: <cache>/<checksum>[-rows left out]-<config hash>."""
+    checksum = dataset.metadata.get("checksum") or dataset.checksum()
+    # a model trained without some rows gets its own cache entry, apart from any trained on them
+    left_out = {NEXT_ROW: "nonterminal", UNKNOWN_AT_EPISODE_ENDS: "without-episode-ends"}
+    rows = model_rows(dataset)
+    rows_key = checksum if isinstance(rows, slice) else f"{checksum}-{left_out[dataset.metadata['next_observations']]}"
+    return Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
+
+
 def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: torch.device | str = "cpu",
                   model_path: str | None = None, retrain: bool = False, cache_dir: str | Path | None = None,
                   progress: bool = True) -> tuple[DynamicsEnsemble, Path]:
@@ -129,11 +139,7 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
     if model_path is not None:
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
     checksum = dataset.metadata.get("checksum") or dataset.checksum()
-    # a model trained without some rows gets its own cache entry, apart from any trained on them
-    left_out = {NEXT_ROW: "nonterminal", UNKNOWN_AT_EPISODE_ENDS: "without-episode-ends"}
-    rows = model_rows(dataset)
-    rows_key = checksum if isinstance(rows, slice) else f"{checksum}-{left_out[dataset.metadata['next_observations']]}"
-    folder = Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
+    folder = cache_folder(dataset, cfg, seed, cache_dir)
     # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
     # wait for it and reuse its model instead of training the same one again.
     with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}"):
