@@ -400,8 +400,8 @@ def train(cfg: Config) -> dict:
             run.stop_if_signalled(done_step)
         summary = collector.summary()
         run.log_values(done_step + 1, summary)
-        if collector.kept_count == 0:
-            run.finish({**summary, "model_file": model_file})
+        if collector.kept_count == 0:  # the record of what was made, marked failed: a sweep runs it again
+            run.finish({**summary, "model_file": model_file, "failed": "no rollout passed the threshold"})
             raise OffrlError(f"mbrcsl: none of {summary['rollouts/made']} rollouts passed the threshold {threshold:.2f} "
                              f"(best rollout return {summary.get('rollouts/return_max', float('nan')):.2f}); RCSL was "
                              "not trained. Lower --threshold or raise --max-rollout-epochs")

@@ -7,7 +7,7 @@
 A variant is `label=algo [extra options]`, e.g. `--variant "iql-corrupt=iql --data.corrupt next_observations"`.
 Run i of a variant lives in <out-dir>/<name>/<label>/<algo>/<dataset>/<seed>-sweep/. Rerunning the same
 command skips finished runs and continues interrupted ones from their last checkpoint (--resume auto),
-so a sweep can span sessions; a run that stopped on a NaN/inf (its diverged.json) is left alone and
+so a sweep can span sessions (a final.json that records a failure, MBRCSL's without a kept rollout, is run again); a run that stopped on a NaN/inf (its diverged.json) is left alone and
 counted as failed, since resuming it replays the same steps into the same NaN (--retry-diverged runs
 it again). Two 1-thread processes beat one 2-thread process on 2 cores
 (results/speed.md, "Runs sharing the CPU").
@@ -77,8 +77,13 @@ class Job:
         return self.out_dir / self.label / self.algo / sanitize(self.dataset) / f"{self.seed}-sweep"
 
     def done(self) -> bool:
+        """Finished at this sweep's --steps; a final.json that records a failure (MBRCSL without a kept rollout)
+        is not done: the sweep runs it again and reports it failed again."""
         final = self.run_dir / "final.json"
-        return final.exists() and json.loads(final.read_text()).get("steps") == self.steps
+        if not final.exists():
+            return False
+        record = json.loads(final.read_text())
+        return record.get("steps") == self.steps and "failed" not in record
 
     def has_checkpoint(self) -> bool:
         return has_checkpoint(self.run_dir)

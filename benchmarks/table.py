@@ -8,7 +8,8 @@ one over training (best, from metrics.jsonl). Per group: mean ± std over seeds 
 the IQM of the seeds' last scores with a 95% confidence interval. Below it, per variant over all its
 datasets: IQM, mean and optimality gap with stratified-bootstrap 95% CIs. A run folder that a NaN/inf
 stopped (diverged.json, no final.json) has no score: the table lists it in a section of its own and its
-row's seeds cell counts it ("2 (+1 diverged)"), so a missing seed is never silent. The statistics come from
+row's seeds cell counts it ("2 (+1 diverged)"), and a run whose final.json records a failure (MBRCSL without
+a kept rollout) is named on stderr, so a missing seed is never silent. The statistics come from
 rliable (benchmarks/stats.py: the optional extra `.[stats]`) with a fixed number of bootstrap
 replicates (--reps) and a fixed seed (--bootstrap-seed), so the same run folders give the same table,
 byte for byte. The caption states seeds, steps, evaluation episodes, hardware and package versions,
@@ -110,6 +111,9 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     seen: dict[tuple[str, str, str, int], Path] = {}  # (label, metric, dataset, seed) -> its run folder
     for label, final in finished_runs(roots, variants, datasets):
+        if failed := json.loads(final.read_text()).get("failed"):  # no score to tabulate, but not silently left out
+            print(f"note: {final.parent} failed ({failed}); not in the table", file=sys.stderr)
+            continue
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
             if run is not None and run["final"] is not None:

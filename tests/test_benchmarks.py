@@ -1053,3 +1053,17 @@ def test_a_ray_task_does_not_run_a_run_finished_while_it_waited(tmp_path):
     result = sweep.run_command(never, str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)
     assert result["returncode"] == 0 and not (tmp_path / "0-sweep.log").read_text()
     assert sweep.run_command([*never[:-1], "200"], str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)["returncode"] == 1
+
+
+def test_a_run_recorded_as_failed_is_run_again_and_named_by_the_table(tmp_path, capsys):
+    """MBRCSL without a kept rollout writes final.json (its rollout statistics) marked failed and exits 1: a sweep
+    counted it finished on the next run, and the table dropped it without a word."""
+    job = sweep.Job("m", "mbrcsl", [], "offrl/tiny-v0", 0, 20, tmp_path)
+    job.run_dir.mkdir(parents=True)
+    final = {"algo": "mbrcsl", "dataset": "offrl/tiny-v0", "seed": 0, "steps": 20, "rollouts/kept": 0}
+    (job.run_dir / "final.json").write_text(json.dumps(final))
+    assert job.done()
+    (job.run_dir / "final.json").write_text(json.dumps({**final, "failed": "no rollout passed the threshold"}))
+    assert not job.done()
+    assert table.collect(tmp_path) == {}
+    assert f"{job.run_dir} failed (no rollout passed the threshold)" in capsys.readouterr().err

@@ -269,6 +269,7 @@ def test_mbrcsl_says_when_no_rollout_passes_the_threshold(tiny, tmp_path, monkey
     (run_dir,) = tmp_path.glob("mbrcsl/*/*")
     final = json.loads((run_dir / "final.json").read_text())
     assert final["rollouts/kept"] == 0 and final["rollouts/made"] == 90 and "rollouts/return_max" in final
+    assert final["failed"] == "no rollout passed the threshold"  # so a sweep runs it again and a table names it
 
 
 def test_mbrcsl_rejects_a_behaviour_policy_of_other_dims(tiny, tmp_path, monkeypatch):
