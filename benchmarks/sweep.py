@@ -519,6 +519,8 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
     if not pending:
         return []
     if not ray.is_initialized():
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            address = "local"  # a new instance: ray.init(None) would join a cluster `ray start` left on this machine
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     if run_command.__module__ != "__main__":  # (functions of __main__ travel by value anyway)
         cloudpickle.register_pickle_by_value(sys.modules[run_command.__module__])  # nodes need not import benchmarks

@@ -1067,3 +1067,29 @@ def test_a_run_recorded_as_failed_is_run_again_and_named_by_the_table(tmp_path, 
     assert not job.done()
     assert table.collect(tmp_path) == {}
     assert f"{job.run_dir} failed (no rollout passed the threshold)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="ray is an optional extra")
+@pytest.mark.parametrize("given, env, expected", [(None, None, "local"), (None, "10.0.0.1:6379", None),
+                                                  ("auto", None, "auto")])
+def test_ray_backend_joins_the_cluster_it_is_told_to(given, env, expected, tmp_path, monkeypatch):
+    """Without --ray-address or RAY_ADDRESS the sweep starts its own Ray instance, as --help says; ray.init(None)
+    would join a cluster that `ray start` left running on the machine."""
+    import ray
+
+    class Started(Exception):
+        pass
+
+    def init(address=None, **kwargs):
+        raise Started(address)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    job = sweep.Job("r", "bc", [], "offrl/tiny-v0", 0, 20, tmp_path)
+    with pytest.raises(Started) as started:
+        sweep.run_ray([job], [], given)
+    assert started.value.args[0] == expected
