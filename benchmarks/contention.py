@@ -4,7 +4,8 @@ default thread count (one per core) and with one thread per run (offrl's default
 Each case starts its runs at once (TD3+BC on a suite dataset by default, `python -m algos.<algo>`,
 no evaluation, metrics every 10 steps), lets them train for `--seconds`, stops them (SIGTERM: a clean
 checkpoint and exit) and reports each run's steps/s between its first and last logged step, so
-start-up (imports, data loading) is not counted. A run that logged fewer than two rows gets an upper bound.
+start-up (imports, data loading) is not counted. A run that logged fewer than two rows gets its rate over the whole window instead, start-up included (marked
+'<'; not a bound on the between-rows rate).
 
     python -m benchmarks.contention --seconds 60 --markdown results/speed.md
 """

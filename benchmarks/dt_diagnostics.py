@@ -4,7 +4,7 @@
         [--behaviour-policy offrl/assets/policies/walker2d/actor_0150000.pt --dataset offrl/walker2d/medium-v0]
 
 1. Fit: the eval-mode mean squared action error on the training data, DT over every position of 60
-   sampled segments (unit action box), BC over 20k sampled transitions (env action units, as BC's loss;
+   batches of 64 sampled segments (unit action box), BC over 20k sampled transitions (env action units, as BC's loss;
    the same for [-1, 1] boxes); fixed seeds. Equal fits point
    at closed-loop behaviour, not at underfitting.
 2. Past actions: DT's context holds its own past actions, which in the data were sampled (noisy) and at

@@ -9,7 +9,8 @@
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
 #   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: runs by state, steps and core-hours left
-#                                  (give it the grid's own BF16/COMPILE and budgets: they name the run folders)
+#                                  (give it the grid's own BF16 and budgets: BF16 names the variant folders, the
+#                                  budgets say which runs are finished)
 #   OTHER_DATA=1 ...                                     # run on datasets this machine made with other bytes than
 #                                                        # the committed reference (refused otherwise)
 #
@@ -36,7 +37,7 @@
 #
 # The papers train 1M steps (DT 100k, MOPO/MOBILE/RAVL 3M); these budgets are far below, and the table says
 # which each row had. DT gets a 1k-step learning-rate warm-up (its default 10k would fill its budget), as in
-# benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), about 10 times per run.
+# benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), 10 times per run (MOBILE and RAVL 6).
 # Model-based checkpoints hold the model buffer (up to 50k x 5 x 5 rows): about 20 GB for all their run folders.
 #
 # Precision: fp32 by default; the figures above are float32 updates (measured on an AMD EPYC with AVX512-BF16 the

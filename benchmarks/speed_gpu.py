@@ -8,9 +8,11 @@ update (sample + step) for
   eager          --run.no-cuda-graph
   graph          the default on CUDA: the step replayed as a CUDA graph after 3 eager warm-up steps
   graph bf16     --run.precision bf16
+  compile        --run.compile --run.no-cuda-graph (the losses compiled, the step not graphed)
   graph compile  --run.compile (the losses compiled by torch.compile, then recorded in the graph)
-with 'warm-up s' the wall time from building the agent to the end of the warm-up steps (for 'graph
-compile' that is torch.compile's compile time), GFLOP per update (FlopCounterMode), and the ratio of the
+with 'warm-up s' the measurement's wall time less its timed blocks and FLOP-counting steps (an estimate: it
+holds building the agent and its synthetic data and the warm-up steps; for the compiled rows mostly
+torch.compile's compile time), GFLOP per update (FlopCounterMode), and the ratio of the
 update's GFLOP/s to a 4096^3 matmul's in the same precision (fp32 matmuls without TF32, torch's default).
 
 Part 2, `--seeds`: S seeds of IQL and TD3+BC as one batched model (the algorithms' `Seeds` class, what

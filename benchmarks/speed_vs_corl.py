@@ -7,7 +7,8 @@ any_percent_bc,cql}.py`, with CORL's `TrainConfig` filled from CORL's hopper-med
 `device` set, to --device) and **offrl's updates** (`benchmarks.speed.time_algorithm`: `ReplayBuffer.sample`
 + `Agent.update`, as the algorithms' `train` loops run them) on the same synthetic D4RL-shaped hopper
 dataset (obs 11, act 3, ~0.95M transitions), interleaved in one invocation: for each round, for each
-thread count, for each algorithm, CORL's measurement and then offrl's, each in a fresh subprocess (so
+thread count, for each algorithm, CORL's measurement and offrl's back to back (which first alternates from round to
+round), each in a fresh subprocess (so
 `torch.set_num_threads`, OMP/MKL pools and the allocator start clean). It writes the offrl/CORL time
 ratio per algorithm and thread count, with the per-round numbers, the command, CORL's commit, the
 hardware and the versions, to `results/speed-vs-corl.md`. Nothing of CORL is stored in this repository.
@@ -40,8 +41,8 @@ from the same `pyrallis.parse(config_class=TrainConfig, config_path=<yaml>)` cal
 What is timed. CORL: the time between consecutive per-step `wandb.log` calls of CORL's loop, i.e.
 `replay_buffer.sample(batch_size)`, `.to(device)`, `trainer.train(batch)`, `wandb.log(...)`; the run is
 stopped by an exception from the wrapped `wandb.log` after --warmup + --steps steps, long before CORL's first
-evaluation (eval_freq 5000). offrl: `benchmarks.speed.time_algorithm` on the same .npz: --warmup steps, two
---steps steps in blocks of --block (then two more for its FLOP count). Both sides use the same estimator, the
+evaluation (eval_freq 5000). offrl: `benchmarks.speed.time_algorithm` on the same .npz: --warmup steps,
+then --steps steps in blocks of --block (then two more for its FLOP count). Both sides use the same estimator, the
 median over blocks of --block consecutive steps of the mean time per step (an even block averages TD3+BC's
 actor-every-2nd-step pattern); offrl's steps flush subnormal floats as its runs do (`--run.flush-denormal`),
 CORL's do not (a difference that showed only after hundreds of steps, in RCSL's larger MLP); CORL's plain

@@ -153,7 +153,7 @@ def summary(scores: np.ndarray, reps: int = REPS, seed: int = SEED, confidence: 
 
 
 def tau_grid(score_arrays: list[np.ndarray], points: int = 101) -> np.ndarray:
-    """Thresholds for performance profiles: from min(0, lowest score) to max(100, highest score)."""
+    """Thresholds for performance profiles: from min(0, floor(lowest score)) to max(100, ceil(highest score))."""
     values = np.concatenate([np.ravel(s) for s in score_arrays]) if score_arrays else np.zeros(1)
     return np.linspace(min(0.0, float(np.floor(values.min()))), max(GAMMA, float(np.ceil(values.max()))), points)
 

@@ -41,7 +41,8 @@ on a NaN/inf (diverged), were interrupted (a checkpoint to resume) or have not s
 a diverged run, which a sweep does not resume), and at the variant's pace so far (its
 finished runs' core-seconds per step from final.json: wall time times each process's threads,
 evaluations and checkpoints included) the core-hours those steps need. A run finished at another --steps counts as
-interrupted, as a sweep would resume it.
+interrupted when it has a checkpoint (a sweep would resume it to its --steps) and as not started when it has
+none (a sweep refuses it: finished with other options).
 """
 
 from __future__ import annotations

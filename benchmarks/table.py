@@ -20,7 +20,7 @@ JSON; --plots DIR draws learning curves, aggregate intervals and performance pro
 (benchmarks/plots.py) and links them from the table.
 
 With --reevaluate N the final column is instead each run's final checkpoint evaluated again with N
-episodes from reset seed --reeval-seed (`offrl eval`; cached next to the run as
+episodes from reset seed --reeval-seed (`offrl eval`; cached in the run folder as
 reeval-<N>ep-seed<S>.json), for a more precise final score than training's few evaluation episodes.
 """
 

@@ -9,8 +9,9 @@
 # 30k gradient steps for BC/IQL/RIQL in fp32 and 20k for CQL in bf16, far below the papers' 1M; the
 # table states them. RIQL uses its paper's hopper setting for corrupted dynamics (sigma 1.0, quantile
 # 0.5; docs/FACTS.md 5).
-# On a machine with a GPU and more cores, the CPU-bound runs and CQL can go separately:
-#   JOBS=13 DEVICE=cpu CQL_JOBS=3 CQL_DEVICE=cuda benchmarks/value_based.sh [OUT_DIR]
+# On a machine with a GPU and more cores, the CPU-bound runs and CQL can go side by side (PARALLEL_SWEEPS=1;
+# without it the two sweeps run one after the other):
+#   PARALLEL_SWEEPS=1 JOBS=13 DEVICE=cpu CQL_JOBS=3 CQL_DEVICE=cuda benchmarks/value_based.sh [OUT_DIR]
 #   JOBS=2 benchmarks/value_based.sh [OUT_DIR]
 set -euo pipefail
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell

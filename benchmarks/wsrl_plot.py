@@ -345,7 +345,7 @@ def plot(data: dict[str, dict[str, dict]], out: Path, title: str | None = None) 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.wsrl_plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="run folders or folders of them, each optionally LABEL=PATH")
-    parser.add_argument("--out", default="wsrl-curves.png", help="the PNG (its curves also go to <out>.json)")
+    parser.add_argument("--out", default="wsrl-curves.png", help="the PNG (its curves also go to the same name with .json)")
     parser.add_argument("--title", help="figure title")
     parser.add_argument("--markdown", help="also write the start / dip / last table and the checks here")
     parser.add_argument("--dip-window", type=int, default=5000,
