@@ -15,6 +15,7 @@ import torch
 
 from offrl import envs as offrl_envs
 from offrl import scores
+from offrl.errors import OffrlError
 
 
 def env_spec_from_metadata(metadata: dict):
@@ -134,7 +135,8 @@ def evaluate(policy: Callable[[torch.Tensor], torch.Tensor], metadata: dict, epi
              device: torch.device | str = "cpu", envs: gym.vector.VectorEnv | None = None,
              reset_seeds: list[int] | None = None) -> EvalResult:
     """Run `episodes` episodes in parallel, env i reset with seed + i (or reset_seeds[i]); `policy` maps a float32 batch
-    of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space).
+    of observations [n, obs_dim] on `device` to actions [n, act_dim] (clipped to the action space; a NaN/inf
+    action is an OffrlError, since an env may step and score it anyway).
 
     A stateful policy (Decision Transformer, RCSL) may also have `reset(n)`, called before the
     episodes, and `observe(rewards)`, called after every step with the rewards [n] on `device`.
@@ -162,6 +164,10 @@ def _evaluate(policy, metadata, episodes, seed, device, envs, reset_seeds=None) 
         while running.any():
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(episodes, -1)
             actions = policy(obs_t).reshape(episodes, -1).cpu().numpy()
+            if not np.isfinite(actions[running]).all():  # clipped, NaN stays NaN; the env may score it anyway
+                bad = np.flatnonzero(running & ~np.isfinite(actions).all(axis=1)).tolist()
+                raise OffrlError(f"the policy's actions are not finite (NaN/inf) in evaluation episodes {bad} at "
+                                 f"step {int(lengths.max())}: its weights or its input normalization")
             obs, rewards, terminated, truncated, _ = envs.step(np.clip(actions, low, high))
             if hasattr(policy, "observe"):
                 policy.observe(torch.as_tensor(rewards, dtype=torch.float32, device=device))

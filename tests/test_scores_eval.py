@@ -7,6 +7,7 @@ import torch
 from offrl import scores
 from offrl.data import load_dataset
 from offrl.data.suite import TINY_GAINS
+from offrl.errors import OffrlError
 from offrl.evaluation import evaluate, make_env
 
 
@@ -56,6 +57,24 @@ def test_vector_evaluation_matches_single_env_rollouts(tiny):
     assert result.lengths.max() <= 200
     summary = result.summary()
     assert summary["eval/normalized_score"] == pytest.approx(result.normalized.mean())
+
+
+def test_evaluation_refuses_non_finite_actions(tiny):
+    """InvertedPendulum scores a NaN action like any other (+1 a step until it falls): a policy gone NaN would
+    get a finite, plausible score."""
+    meta = load_dataset(tiny).metadata
+    gains = torch.tensor(TINY_GAINS, dtype=torch.float32)
+
+    def policy(obs):  # episode 2 goes NaN at its 5th step
+        actions = (obs @ gains).clamp(-3, 3).unsqueeze(-1)
+        policy.steps += 1
+        if policy.steps >= 5:
+            actions[2] = float("nan")
+        return actions
+
+    policy.steps = 0
+    with pytest.raises(OffrlError, match=r"not finite \(NaN/inf\) in evaluation episodes \[2\] at step 4"):
+        evaluate(policy, meta, episodes=3, seed=0)
 
 
 class RecordingPolicy:
