@@ -8,6 +8,8 @@ Format `offrl-actor-v1` (a dict saved with torch.save, read with weights_only=Tr
     action_low, action_high        float32 tensors, the env's action bounds
     state_dict                     the actor's weights
     obs_mean, obs_std              optional float32 tensors: observations are normalized first
+    layer_norm, dropout            optional: the hidden layers' LayerNorm (CQL --actor-layer-norm) and dropout
+                                   (IQL --actor-dropout; inactive when acting, but it shifts the layers' names)
     env_id, step, last_eval        provenance (last_eval is a JSON string)
 """
 
@@ -28,6 +30,7 @@ from offrl.nets import DeterministicActor, GaussianActor, TanhGaussianActor
 
 FORMAT = "offrl-actor-v1"
 KINDS = {"tanh_gaussian": TanhGaussianActor, "deterministic": DeterministicActor, "gaussian": GaussianActor}
+ACTOR_OPTIONS = {"tanh_gaussian": ("layer_norm",), "deterministic": ("layer_norm", "dropout"), "gaussian": ("dropout",)}
 
 
 def kind_of(actor: torch.nn.Module) -> str:
@@ -41,6 +44,7 @@ def save_actor(path: str | Path, actor: torch.nn.Module, env_id: str, step: int,
                obs_std=None, last_eval: dict | None = None) -> Path:
     """Write an actor as a policy file (float32 weights on the CPU, atomically)."""
     obs_dim = next(m for m in actor.modules() if isinstance(m, torch.nn.Linear)).in_features
+    dropout = next((m.p for m in actor.modules() if isinstance(m, torch.nn.Dropout)), 0.0)
     state = {
         "format": FORMAT, "kind": kind_of(actor), "obs_dim": int(obs_dim),
         "act_dim": int(actor.action_scale.numel()), "hidden": list(hidden),
@@ -48,6 +52,7 @@ def save_actor(path: str | Path, actor: torch.nn.Module, env_id: str, step: int,
         "action_high": (actor.action_bias + actor.action_scale).detach().cpu(),
         "state_dict": {k: v.detach().cpu() for k, v in actor.state_dict().items()},
         "env_id": env_id, "step": int(step), "last_eval": json.dumps(last_eval or {}),
+        "layer_norm": any(isinstance(m, torch.nn.LayerNorm) for m in actor.modules()), "dropout": float(dropout),
     }
     if obs_mean is not None:
         state["obs_mean"] = torch.as_tensor(np.asarray(obs_mean), dtype=torch.float32)
@@ -126,7 +131,8 @@ def _from_run_checkpoint(state: dict, path) -> dict:
     scale, bias = actor_state["action_scale"], actor_state["action_bias"]
     out = {"format": FORMAT, "kind": kind, "obs_dim": first_weight.shape[1],
            "act_dim": scale.numel(), "hidden": config["hidden"], "action_low": bias - scale,
-           "action_high": bias + scale, "state_dict": actor_state, "env_id": None, "step": state.get("step")}
+           "action_high": bias + scale, "state_dict": actor_state, "env_id": None, "step": state.get("step"),
+           "layer_norm": bool(config.get("actor_layer_norm", False)), "dropout": float(config.get("actor_dropout", 0.0))}
     normalizer = agent.get("normalizer")
     if normalizer is not None and normalizer["mean"].dim() == 1:
         out["obs_mean"], out["obs_std"] = normalizer["mean"], normalizer["std"]
@@ -145,7 +151,9 @@ def load_policy(path: str | Path, device: torch.device | str = "cpu") -> Policy:
     if kind not in KINDS:
         raise CheckpointError(f"policy {path}: unknown kind {kind!r} (known: {', '.join(KINDS)})")
     low, high = state["action_low"].numpy(), state["action_high"].numpy()
-    actor = KINDS[kind](int(state["obs_dim"]), int(state["act_dim"]), low, high, tuple(state["hidden"]))
+    options = {"layer_norm": bool(state.get("layer_norm", False)), "dropout": float(state.get("dropout", 0.0))}
+    options = {k: v for k, v in options.items() if v and k in ACTOR_OPTIONS[kind]}  # files before them: neither
+    actor = KINDS[kind](int(state["obs_dim"]), int(state["act_dim"]), low, high, tuple(state["hidden"]), **options)
     ckpt.load_state_dicts({"actor": actor}, {"actor": state["state_dict"]}, str(path))
     device = torch.device(device)
     actor.to(device).eval()
@@ -156,5 +164,6 @@ def load_policy(path: str | Path, device: torch.device | str = "cpu") -> Policy:
 
 def describe(path: str | Path) -> dict[str, Any]:
     state = ckpt.load(path)
-    return {k: state.get(k) for k in ("format", "kind", "obs_dim", "act_dim", "hidden", "env_id", "step")} | {
+    keys = ("format", "kind", "obs_dim", "act_dim", "hidden", "layer_norm", "dropout", "env_id", "step")
+    return {k: state.get(k) for k in keys} | {
         "last_eval": json.loads(state.get("last_eval") or "{}")}

@@ -55,3 +55,21 @@ def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
     torch.save({"step": 1}, tmp_path / "x.pt")
     with pytest.raises(CheckpointError, match="not an offrl-actor-v1 policy file"):
         policies.load_policy(tmp_path / "x.pt")
+
+
+@pytest.mark.parametrize("algo, options, kind", [
+    ("iql", ["--actor-dropout", "0.1"], "gaussian"),
+    ("iql", ["--actor", "deterministic", "--actor-dropout", "0.1"], "deterministic"),
+    ("cql", ["--actor-layer-norm", "--n-actions", "2"], "tanh_gaussian")])
+def test_training_checkpoints_of_actors_with_dropout_or_layer_norm_load_as_policies(tiny, tmp_path, algo, options, kind):
+    """IQL's --actor-dropout shifts its layers' names and CQL's --actor-layer-norm adds weights: the actor was rebuilt
+    without them and refused ('does not fit this config'), for `datasets make --policy` and the attack critic too."""
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--dataset", tiny, "--steps", "20", "--eval.every", "0", "--eval.episodes", "2",
+            "--log.wandb", "disabled", "--hidden", "16", "16", "--run.out-dir", str(tmp_path), *options)
+    (checkpoint,) = tmp_path.glob(f"{algo}/*/*/checkpoints/last.pt")
+    policy = policies.load_policy(checkpoint)
+    assert policy.kind == kind and policy.act(np.zeros((3, 4))).shape == (3, 1)
+    saved = policies.save_actor(tmp_path / "a.pt", policy.actor, env_id="X-v0", step=20, hidden=(16, 16))
+    again = policies.load_policy(saved)
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(again.act(obs), policy.actor.act(torch.as_tensor(obs)).numpy())
