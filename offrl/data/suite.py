@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from offrl.errors import DatasetError
+from offrl.errors import DatasetError, OffrlError
 
 
 @dataclass
@@ -521,9 +521,12 @@ def ensure(dataset_id: str) -> None:
 def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, deterministic: bool = False,
                 ref_min_score: float | None = None, ref_max_score: float | None = None) -> MadeDataset:
     """A dataset from any policy file `offrl.policies.load_policy` reads. Reference scores: the
-    ones given, else the suite's for the same env (so scores compare), else none."""
+    ones given (both), else the suite's for the same env (so scores compare), else none."""
     from offrl.data import rollout
     from offrl.policies import load_policy
+
+    if (ref_min_score is None) != (ref_max_score is None):  # before minutes of rollouts; one alone was dropped
+        raise OffrlError("give both reference scores (--ref-min-score and --ref-max-score) or neither")
 
     policy = load_policy(policy_path)
     env = gym_spec(env_id)
