@@ -321,9 +321,12 @@ PAPER_TARGETS = {"hopper": 3600.0, "walker2d": 5000.0, "halfcheetah": 12000.0}
 
 
 def expert_target(cfg: Config, metadata: dict) -> float:
-    """--target-return, else the paper's target on a D4RL locomotion file, else the dataset's ref_max_score."""
+    """--target-return, else a given --data.ref-max-score, else the paper's target on a D4RL locomotion file (one
+    whose file or env name is a D4RL one), else the dataset's ref_max_score."""
     if cfg.target_return is not None:
         return float(cfg.target_return)
+    if cfg.data.ref_max_score is not None:
+        return float(cfg.data.ref_max_score)
     if metadata.get("d4rl_env") in PAPER_TARGETS:
         return PAPER_TARGETS[metadata["d4rl_env"]]
     target = metadata.get("ref_max_score")

@@ -21,7 +21,8 @@ class DataConfig:
     """Reference return of a random policy (normalized score 0); overrides the dataset's. Needed for normalized
     scores on data that records none."""
     ref_max_score: Optional[float] = None
-    """Reference return of an expert (normalized score 100); overrides the dataset's. Also DT's default target."""
+    """Reference return of an expert (normalized score 100); overrides the dataset's. Also DT's default target
+    (given here, it wins over the DT paper's targets for D4RL-named files)."""
     d4rl_trajectories: bool = False
     """D4RL .hdf5 files: keep every row as recorded, episodes ending at terminals and timeouts (as the DT and RvS
     references read them), instead of qlearning_dataset's transitions, which drop each episode's final row.

@@ -69,8 +69,9 @@ def load_saved_run(path: str | Path, device: str = "auto", threads: int | None =
         raise CheckpointError(f"checkpoint {file}: algorithm '{algo}' is not in this version of offrl") from None
     cfg = from_dict(module.Config, json.loads(config), where=f"checkpoint {file}: config")
     cfg.device = device
-    if threads or cfg.run.threads:
-        torch.set_num_threads(threads or cfg.run.threads)
+    threads = cfg.run.threads if threads is None else threads  # 0: torch's default, as --run.threads 0
+    if threads > 0:
+        torch.set_num_threads(threads)
     setup = getattr(module, "eval_setup", None) or (lambda c, d: default_setup(module, c, d))
     agent, metadata = setup(cfg, resolve_device(device))
     ckpt.load_state_dicts({"agent": agent}, state["objects"], str(file))

@@ -11,7 +11,7 @@ What `fn` must be, so that a replay does what a call would:
   the recorded outputs, overwritten by the next replay (read or clone them before the next call);
 - device work only: no host sync (`.item()`, printing a tensor, data-dependent shapes) and no Python
   state that changes from call to call. Learning-rate schedules step outside, on tensor learning
-  rates (`offrl.optim.adam` makes them tensors on CUDA); a step whose shape alternates (TD3's delayed
+  rates (`GraphedStep(..., optimizers=...)` makes them tensors, `offrl.optim.graph_safe`); a step whose shape alternates (TD3's delayed
   actor) records one graph per variant (`key`);
 - random numbers from torch's default CUDA generator are drawn afresh at every replay; a generator of
   one's own (the replay buffer's, TD3+BC's noise) is drawn outside, and its draws passed in.

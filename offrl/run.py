@@ -7,7 +7,7 @@ checkpoints, the divergence check and the final metrics. An algorithm file drive
     for step in run.steps(state):               # restores `state` first when resuming
         metrics = agent.update(buffer.sample(cfg.batch_size))
         run.log(step, metrics)                  # host sync only every log.every steps
-        run.evaluate(step, agent.act)           # every eval.every steps and at the end
+        run.evaluate(step, agent.act, data.metadata)  # every eval.every steps and at the end
         run.checkpoint(step, state)             # every run.checkpoint_every steps and at the end
     return run.finish()
 
@@ -278,6 +278,9 @@ class Run:
                                       "(<run>/checkpoints/<file> beside <run>/config.json); copy the whole run "
                                       "folder to resume elsewhere")
             return path.parent.parent, path
+        if path.is_dir():
+            raise CheckpointError(f"--resume {resume}: a folder without a checkpoint (checkpoints/last.pt): the run "
+                                  "stopped before its first one; start it again")
         raise CheckpointError(f"--resume {resume}: no such run folder or checkpoint file")
 
     @staticmethod
@@ -356,7 +359,8 @@ class Run:
         return gradient_step(self.device, self.cfg.run.precision, self.cfg.run.flush_denormal)
 
     def steps(self, state: dict[str, Any]) -> Iterator[int]:
-        """Restore `state` when resuming, then yield step numbers start+1 .. cfg.steps."""
+        """Restore `state` when resuming, then yield step numbers start+1 .. total_steps (cfg.steps, or more for a
+        phased algorithm such as MBRCSL)."""
         if self._restored_state is not None:
             ckpt.load_state_dicts(state, self._restored_state["objects"], str(self.resume_from))
             rng = self._restored_state["rng"]

@@ -262,6 +262,10 @@ def test_a_non_finite_host_value_stops_the_run_too(tiny, tmp_path):
 def test_resume_latest_without_a_run_is_a_clear_error(tmp_path):
     result = run_cli(PYTHON, "-m", "algos.bc", "--resume", "latest", "--run.out-dir", str(tmp_path), check=False)
     assert result.returncode == 1 and "no run with a checkpoint" in result.stderr
+    (tmp_path / "early").mkdir()  # a run folder stopped before its first checkpoint
+    result = run_cli(PYTHON, "-m", "algos.bc", "--resume", str(tmp_path / "early"), "--run.out-dir", str(tmp_path),
+                     check=False)
+    assert result.returncode == 1 and "a folder without a checkpoint" in result.stderr
 
 
 def test_wall_time_adds_up_over_resumes(tmp_path, monkeypatch):

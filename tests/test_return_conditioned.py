@@ -395,6 +395,9 @@ def test_dt_targets_follow_the_paper_on_d4rl_files_and_the_reference_elsewhere()
     assert expert_target(cfg, {"d4rl_env": "ant", "ref_max_score": 3879.7}) == 3879.7  # no published DT target
     assert expert_target(cfg, {"ref_max_score": 3164.1}) == 3164.1  # the offrl suite, Minari, user data
     assert expert_target(Config(target_return=2000.0), {"d4rl_env": "hopper"}) == 2000.0
+    given = Config()
+    given.data.ref_max_score = 2500.0  # the user's reference wins over the paper's target for a D4RL-named file
+    assert expert_target(given, {"d4rl_env": "hopper", "ref_max_score": 2500.0}) == 2500.0
 
 
 def test_d4rl_files_are_marked_for_published_settings(tmp_path):

@@ -5,8 +5,8 @@ into place, so a failed or interrupted write never leaves a half-written dataset
 makes `minari.list_local_datasets()` crash). The checksum stored in the metadata is computed from
 the dataset as `load_minari` reads it back, so `verify` can compare regenerations exactly.
 
-Makeable ids: `offrl/tiny-v0` (tests and quickstart) and `offrl/<env>/<level>-v0` for every env
-whose behaviour policies (a `manifest.json` and actor files) are in `policies_root()`.
+Makeable ids: `offrl/tiny-v0` (tests and quickstart), `offrl/pointmaze/umaze-stitch-v0` (MBRCSL's stitching
+task; needs gymnasium-robotics) and `offrl/<env>/<level>-v0` for every env whose behaviour policies (a `manifest.json` and actor files) are in `policies_root()`.
 """
 
 from __future__ import annotations
