@@ -295,7 +295,7 @@ def test_a_seed_in_two_run_folders_is_refused_and_a_root_given_twice_counts_once
         table.collect([copy])
 
 
-def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, tmp_path):
+def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, tmp_path, capsys):
     import shutil
 
     copy = tmp_path / "local"
@@ -320,9 +320,11 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
     assert "(no finished runs)" in (empty := table.main([str(only)])) and "| bc | offrl/tiny-v0 | 1 | 40 |" in empty
     # nothing to tabulate at all (a mistyped folder or metric): an error, and --out keeps what it held
     (tmp_path / "kept.md").write_text("the table")
-    for args in ([str(tmp_path / "mistyped")], [str(copy), "--metric", "eval/no-such-metric"]):
-        with pytest.raises(SystemExit):
+    for args, why in (([str(tmp_path / "mistyped")], "no such sweep folder"),
+                      ([str(copy), "--metric", "eval/no-such-metric"], "no finished run with eval/no-such-metric")):
+        with pytest.raises(SystemExit) as stopped:
             table.main([*args, "--out", str(tmp_path / "kept.md")])
+        assert why in str(stopped.value) + capsys.readouterr().err
         assert (tmp_path / "kept.md").read_text() == "the table"
     # a metrics.jsonl cut off mid-line (a run killed while logging) still reads; a damaged finished run is named
     metrics = run.parent / "0-sweep" / "metrics.jsonl"
@@ -696,14 +698,19 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     trains = [line for line in part if line[:3] == ["python", "-m", "world_models.train"]]
     assert len(trains) == 1 and trains[0][trains[0].index("--model.precision") + 1] == "bf16"
     assert "--model.compile" in trains[0]
+    checked = []
     for line in (line for line in part if line[:3] == ["python", "-m", "benchmarks.sweep"]):
         for label, algo, extra in (sweep.parse_variant(line[i + 1]) for i, x in enumerate(line) if x == "--variant"):
             assert extra[extra.index("--model.precision") + 1] == "bf16"
             module = __import__(f"algos.{algo}", fromlist=["Config"])
             model = tyro.cli(module.Config, args=["--dataset", "d", *extra]).model
             assert model.precision == "bf16" and model.compile
+            checked.append(label)
+    assert checked == ["mopo", "ravl"]
     assert "MODEL_PRECISION=bf16 MODEL_COMPILE=1" in part[-1][part[-1].index("--command") + 1]
-    assert not any("--model.compile" in " ".join(line) for line in dry(ONLY="mopo", DATASETS="offrl/hopper/medium-v0"))
+    plain = dry(ONLY="mopo", DATASETS="offrl/hopper/medium-v0")
+    assert any(line[:3] == ["python", "-m", "world_models.train"] for line in plain)
+    assert not any("--model.compile" in " ".join(line) for line in plain)
     # STATUS=1 reads the (here empty) run folders through benchmarks.sweep --status and makes or trains nothing
     env = {k: v for k, v in os.environ.items() if k != "DRY_RUN"}
     text = subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "status")], check=True,

@@ -157,7 +157,7 @@ def test_datasets_commands(tiny, tmp_path):
     assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
 
 
-def test_more_bad_values_refused_up_front(tiny, tmp_path):
+def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys):
     """Values that hung (a sweep with --jobs 0), cost minutes first (your own dataset's id, checked after its
     rollouts), or trained silently on nothing (a dynamics model without a hold-out to pick elites on)."""
     from benchmarks import sweep
@@ -166,9 +166,11 @@ def test_more_bad_values_refused_up_front(tiny, tmp_path):
         with pytest.raises(SystemExit):
             sweep.main(["--name", "j", "--out-dir", str(tmp_path / "s"), "--variant", "a=bc", "--datasets", tiny,
                         "--seeds", "0", "--steps", "20", "--jobs", jobs])
+        assert f"--jobs {jobs} --threads 1: each at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sweep.main(["--name", "j", "--out-dir", str(tmp_path / "s"), "--variant", "a=bc --hidden '16", "--datasets",
                     tiny, "--seeds", "0", "--steps", "20"])
+    assert "--common/--variant: No closing quotation" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
     lone = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt", "--steps",
                    "10", "--id", "my/lone-v0", "--ref-min-score", "0", check=False)  # one score alone was dropped

@@ -146,6 +146,7 @@ def test_d4rl_files_evaluate_on_the_envs_d4rl_recorded(tmp_path, name, obs_dim, 
     obs, _ = env.reset(seed=0)
     for _ in range(20):
         obs, _, terminated, _, _ = env.step(np.zeros(act_dim))
+        # healthy states only (zero actions): termination on falls is tested in test_world_models
         assert done(torch.as_tensor(obs[None], dtype=torch.float32)).item() == terminated
     assert obs.shape == (obs_dim,)
     model = env.unwrapped.model

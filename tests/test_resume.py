@@ -39,8 +39,10 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
 
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # SIGHUP's default action in the child, also under `nohup pytest` (whose ignored SIGHUP the run, by design, keeps)
     proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(killed)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline:
         found = list(killed.glob("td3_bc/*/*/checkpoints/last.pt"))

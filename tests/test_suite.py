@@ -161,6 +161,13 @@ def test_dataset_card_is_generated_from_the_made_datasets(policy_root, tmp_path)
     (policy_root / "checksums.json").write_text(json.dumps(references))
     bad = run_cli("offrl", "datasets", "verify", "offrl/pendulum/medium-v0", check=False)
     assert bad.returncode == 1 and "MISMATCH" in bad.stdout
+    # the card, run on a machine whose bytes differ from the reference, says so and leaves the reference alone
+    references["offrl/pendulum/random-v0"] = "0" * 16
+    (policy_root / "checksums.json").write_text(json.dumps(references))
+    warned = run_cli(PYTHON, "-m", "benchmarks.dataset_card", "--out", str(tmp_path / "again.md")).stderr
+    assert f"warning: offrl/pendulum/random-v0 here has checksum {load_dataset('offrl/pendulum/random-v0').checksum()}, " \
+        "the committed reference 0000000000000000" in warned
+    assert json.loads((policy_root / "checksums.json").read_text()) == references
     (policy_root / "checksums.json").unlink()
 
 

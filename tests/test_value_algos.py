@@ -176,6 +176,14 @@ def test_cql_compiled_critics_take_the_eager_update(tiny):
     (eager, eager_metrics), (compiled, compiled_metrics) = results
     assert compiled.critic._compiled_call_impl is not None and eager.critic._compiled_call_impl is None
     assert_compiled_critics_train_as_eager(compiled, eager, compiled_metrics, eager_metrics)
+    for agent in (eager, compiled):  # the actor loss's backward reaches the actor, not the critics' weights
+        agent.updates = agent.cfg.bc_steps  # past behaviour cloning: the loss reads the critics
+        for p in [*agent.critic.parameters(), *agent.actor.parameters()]:
+            p.grad = None
+        loss, _, _ = agent.actor_loss(buffer.sample(cfg.batch_size))
+        loss.backward()
+        assert all(p.grad is None for p in agent.critic.parameters())
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in agent.actor.parameters())
 
 
 def test_cql_defaults_follow_the_official_code():
