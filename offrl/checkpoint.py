@@ -101,7 +101,8 @@ def claim_run_folder(run_dir: str | os.PathLike):
     returned file is open and at the latest until the process exits. Another process holding it (a run still
     going there, e.g. the same `--resume latest` started twice) is a CheckpointError, raised before anything
     in the folder is read or changed. A record lock belongs to its process, so a process may claim a folder
-    it holds again (a run resumed in the process that ran it)."""
+    it holds again (a run resumed in the process that ran it); and closing any file of `.lock` in the process
+    releases it, so a claim is closed when its run ends (Run.finish, a divergence), not left to the collector."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = open(run_dir / ".lock", "a")

@@ -442,6 +442,7 @@ class Run:
                 "last_checkpoint_step": self.last_checkpoint_step}, indent=2))
         except OSError as e:  # a full disk: the divergence is still what to report
             print(f"warning: could not write {self.dir / ckpt.DIVERGED_FILE}: {e}", file=sys.stderr)
+        self._folder_claim.close()  # now, not whenever this Run is collected (it would drop a later claim's lock)
         raise TrainingDiverged(f"{self.algo} seed {self.cfg.seed}: {', '.join(bad)} became {row[bad[0]]} at step "
                                f"{step}; {kept}")
 

@@ -231,3 +231,24 @@ def test_a_non_finite_loss_stops_every_algorithm(tiny, tmp_path, algo, shared_mo
     # counts is that it loads and is the one from before the bad step (nothing was written after it)
     state = ckpt.load(the_run(tmp_path / "poisoned") / "checkpoints" / "last.pt")
     assert state["step"] == 20
+
+
+def test_a_diverged_run_lets_go_of_its_folder_when_it_stops(tmp_path):
+    """A run folder's claim is a POSIX record lock, which closing any of the process's files of it releases: a
+    diverged Run left its claim open until collected, when it would drop the claim of a run resumed there in the
+    same process. It closes the claim as it stops; the folder can then be claimed (here by another process)."""
+    from algos.td3_bc import Config
+    from offrl.errors import TrainingDiverged
+    from offrl.run import Run
+
+    cfg = Config(steps=4)
+    cfg.log.wandb, cfg.log.progress, cfg.log.every, cfg.eval.every, cfg.run.out_dir = "disabled", False, 1, 0, str(tmp_path)
+    run = Run("td3_bc", cfg)
+    state = {"net": torch.nn.Linear(1, 1)}
+    with pytest.raises(TrainingDiverged):
+        for step in run.steps(state):
+            run.log(step, {"loss": torch.tensor(float("nan") if step == 2 else 1.0)})
+    assert run._folder_claim.closed
+    claimed = subprocess.run([PYTHON, "-c", f"from offrl import checkpoint; checkpoint.claim_run_folder({str(run.dir)!r})"],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert claimed.returncode == 0, claimed.stderr
