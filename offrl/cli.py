@@ -207,6 +207,8 @@ def datasets_make(args) -> None:
     if any(v is not None for v in custom):
         if not all(v is not None for v in custom):
             raise OffrlError("your own dataset needs all of --env, --policy, --steps and --id")
+        if args.steps < 1:
+            raise OffrlError(f"--steps {args.steps}: a dataset needs at least one transition")
         suite.check_dataset_id(args.custom_id)  # before minutes of rollouts, not after
         if suite.exists(args.custom_id) and not args.force:  # refuse before minutes of rollouts, not after
             raise OffrlError(f"{args.custom_id} already exists at {suite.local_path(args.custom_id)} (use --force to replace it)")

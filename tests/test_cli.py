@@ -175,6 +175,9 @@ def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys):
     lone = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt", "--steps",
                    "10", "--id", "my/lone-v0", "--ref-min-score", "0", check=False)  # one score alone was dropped
     assert lone.returncode == 1 and "give both reference scores" in lone.stderr and "Traceback" not in lone.stderr
+    empty = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt", "--steps",
+                    "0", "--id", "my/empty-v0", check=False)
+    assert empty.returncode == 1 and "--steps 0: a dataset needs at least one transition" in empty.stderr
     for bad_id in ("noversion", "a b/c-v0", "../escape-v0"):
         result = run_cli("offrl", "datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "missing.pt",
                          "--steps", "100", "--id", bad_id, check=False)
