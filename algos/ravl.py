@@ -120,7 +120,7 @@ class RAVL(SACAgent):
             target = batch.rewards + cfg.gamma * (1.0 - batch.terminals) * next_q
         q = self.critic(batch.observations, batch.actions)
         td_loss = ((q - target) ** 2).mean(dim=1).sum()
-        diversity = diversity_loss(self.critic, batch.observations, batch.actions) if cfg.eta else torch.zeros(())
+        diversity = diversity_loss(self.critic, batch.observations, batch.actions) if cfg.eta else td_loss.new_zeros(())
         critic_loss = td_loss + cfg.eta * diversity
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()

@@ -56,7 +56,9 @@ class SACAgent(Stateful):
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
         self.actor_opt = adam([{"params": self.actor.parameters(), "lr": actor_lr}], device)
         self.critic_opt = adam([{"params": self.critic.parameters(), "lr": critic_lr}], device)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr)
+        # capturable on CUDA: its step count stays on the device (a non-capturable Adam reads a step count that a
+        # resume loaded onto the GPU with .item(), twice a step); the CPU path and its numbers are unchanged
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=alpha_lr, capturable=torch.device(device).type == "cuda")
         self._critic_step = GraphedStep(self.critic_gradient_step, device, cuda_graph, optimizers=(self.critic_opt,))
         self._actor_step = GraphedStep(self.actor_gradient_step, device, cuda_graph,
                                        optimizers=(self.actor_opt, self.alpha_opt))

@@ -114,10 +114,10 @@ def rollout(model: DynamicsEnsemble, policy: Callable[[torch.Tensor], torch.Tens
         count += obs.shape[0]
         reward_sum += rewards.sum()
         terminal_sum += terminals.sum()
-        alive = ~terminals
-        if not bool(alive.any()):
+        alive = (~terminals).nonzero().squeeze(1)  # the step's one host sync: how many rows live on
+        if alive.numel() == 0:
             break
-        obs = step.next_observations[alive]
+        obs = step.next_observations.index_select(0, alive)
     return RolloutStats(count, reward_sum / count, terminal_sum / count, penalty_sum / count)
 
 
