@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from offrl import checkpoint as ckpt
-from offrl.config import resolve_device, to_dict
+from offrl.config import from_dict, resolve_device, to_dict
 from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
 from offrl.evaluation import evaluate
@@ -546,14 +546,56 @@ class Run:
         return final
 
 
+CONFIG_OPTION_HELP = ("--config RUN: start from the options a saved run was trained with (its folder or its "
+                      "config.json; its --resume and --log.name are dropped, so it trains afresh in a new folder); "
+                      "the other options given override them, e.g. --config runs/iql/<dataset>/0-<time> --seed 1")
+
+
+def saved_config(config_cls: type, path: str | os.PathLike):
+    """The config a run folder's config.json holds, as the defaults of a new run: resume and log.name cleared (the new
+    run must not continue or share the saved run's folder)."""
+    file = Path(path)
+    file = file / "config.json" if file.is_dir() else file
+    try:
+        values = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise OffrlError(f"--config {path}: not a readable run config ({exc})") from None
+    if not isinstance(values, dict):
+        raise OffrlError(f"--config {path}: not a run config (a JSON object of options)")
+    cfg = from_dict(config_cls, values, where=f"--config {file}")
+    cfg.resume, cfg.log.name = None, None
+    return cfg
+
+
+def _split_config_option(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--config's value, the other arguments)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config":
+            if i + 1 == len(argv):
+                raise OffrlError("--config needs a run folder or its config.json")
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
 def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | None = None, prog: str | None = None) -> None:
-    """Parse a Config with tyro and train; input errors print one line and exit 1, no traceback."""
+    """Parse a Config with tyro (from a saved run's config with --config) and train; input errors print one line and
+    exit 1, no traceback."""
     import tyro
 
     if prog is None:
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         prog = f"python -m {main_spec.name}" if main_spec is not None else None
-    cfg = tyro.cli(config_cls, args=argv, prog=prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config_path, argv = _split_config_option(argv)
+        default = saved_config(config_cls, config_path) if config_path is not None else tyro.MISSING_NONPROP
+    except OffrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    description = CONFIG_OPTION_HELP  # (the Configs' docstrings are dataclasses' signatures, which tyro leaves out)
+    cfg = tyro.cli(config_cls, args=argv, prog=prog, default=default, description=description)
     try:
         if getattr(cfg, "seeds", None):
             train_seeds = getattr(sys.modules[train.__module__], "train_seeds", None)

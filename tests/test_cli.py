@@ -222,3 +222,24 @@ def test_make_all_without_gymnasium_robotics_makes_the_rest(monkeypatch, capsys)
     cli.main(["datasets", "make", "--all"])
     assert made == [i for i in suite.known_ids() if i != suite.STITCH_ID] and len(made) > 2
     assert f"{suite.STITCH_ID}: skipped, it needs gymnasium-robotics" in capsys.readouterr().out
+
+
+def test_a_run_starts_from_a_saved_runs_config(tiny, tmp_path):
+    """--config RUN: the saved run's options as defaults (its folder name and resume dropped), the options given
+    overriding them; a missing file or another algorithm's config is one line and exit 1."""
+    first = tmp_path / "first"
+    run_cli(PYTHON, "-m", "algos.bc", "--dataset", tiny, "--steps", "20", "--hidden", "16", "16", "--batch-size", "32",
+            "--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--log.name", "saved",
+            "--run.out-dir", str(first))
+    saved = first / "bc" / "offrl-tiny-v0" / "saved"
+    second = tmp_path / "second"
+    run_cli("offrl", "train", "bc", "--config", str(saved), "--seed", "1", "--steps", "30", "--run.out-dir", str(second))
+    (run_dir,) = (second / "bc" / "offrl-tiny-v0").iterdir()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["hidden"] == [16, 16] and config["batch_size"] == 32 and config["eval"]["episodes"] == 2
+    assert config["seed"] == 1 and config["steps"] == 30 and config["log"]["name"] is None and config["resume"] is None
+    assert run_dir.name.startswith("1-")
+    missing = run_cli(PYTHON, "-m", "algos.bc", "--config", str(tmp_path / "nope"), check=False)
+    assert missing.returncode == 1 and "--config" in missing.stderr and "Traceback" not in missing.stderr
+    other = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(saved / "config.json"), check=False)
+    assert other.returncode == 1 and "unknown field(s) frac" in other.stderr and "Traceback" not in other.stderr
