@@ -185,9 +185,9 @@ def configured(algo: str, run_args: str, compile: bool = False):
         return None
     if algo in WORLD_MODEL_STEPS:
         raise SystemExit(f"--run-args: {algo} is a world-model step with no options")
-    import tyro
+    from offrl.run import parse_config
 
-    cfg = tyro.cli(importlib.import_module(f"algos.{algo}").Config, args=shlex.split(run_args))
+    cfg = parse_config(importlib.import_module(f"algos.{algo}").Config, shlex.split(run_args))
     cfg.run.compile = cfg.run.compile or compile
     return cfg
 
@@ -416,11 +416,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_config(algo: str, dataset: str, device: str, threads: int, run_args: list[str]):
     """The `Config` a run of `algo` with these options has, as its command line parses it."""
-    import tyro
+    from offrl.run import parse_config
 
     module = importlib.import_module(f"algos.{algo}")
-    return tyro.cli(module.Config, args=["--dataset", dataset, "--device", device, "--run.threads", str(threads),
-                                         *run_args])
+    return parse_config(module.Config, ["--dataset", dataset, "--device", device, "--run.threads", str(threads), *run_args])
 
 
 def periodic_work(cfg) -> int:

@@ -202,16 +202,14 @@ def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, objec
     would change and a resume may not (offrl.run.config_changes: what `--resume` refuses)."""
     import importlib
 
-    import tyro
-
     from offrl.config import to_dict
-    from offrl.run import config_changes, default_config
+    from offrl.run import config_changes, default_config, parse_config
 
     saved = job.run_dir / "config.json"
     if not saved.exists():
         return []
     module = importlib.import_module(f"algos.{job.algo}")
-    cfg = tyro.cli(module.Config, args=job.command(common)[3:])
+    cfg = parse_config(module.Config, job.command(common)[3:])
     if hasattr(module, "resolve_config"):  # defaults the algorithm fills in from the dataset before the run starts
         cfg = module.resolve_config(cfg)
     current = json.loads(json.dumps(to_dict(cfg), default=str))

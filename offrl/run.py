@@ -579,23 +579,27 @@ def _split_config_option(argv: list[str]) -> tuple[str | None, list[str]]:
     return None, argv
 
 
+def parse_config(config_cls: type, argv: list[str], prog: str | None = None):
+    """A Config from command-line arguments, as `python -m algos.<algo>` reads them (--config included)."""
+    import tyro
+
+    config_path, argv = _split_config_option(list(argv))
+    default = saved_config(config_cls, config_path) if config_path is not None else tyro.MISSING_NONPROP
+    # (the Configs' docstrings are dataclasses' signatures, which tyro leaves out)
+    return tyro.cli(config_cls, args=argv, prog=prog, default=default, description=CONFIG_OPTION_HELP)
+
+
 def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | None = None, prog: str | None = None) -> None:
     """Parse a Config with tyro (from a saved run's config with --config) and train; input errors print one line and
     exit 1, no traceback."""
-    import tyro
-
     if prog is None:
         main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         prog = f"python -m {main_spec.name}" if main_spec is not None else None
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        config_path, argv = _split_config_option(argv)
-        default = saved_config(config_cls, config_path) if config_path is not None else tyro.MISSING_NONPROP
-    except OffrlError as exc:
+        cfg = parse_config(config_cls, sys.argv[1:] if argv is None else argv, prog)
+    except OffrlError as exc:  # --config's
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    description = CONFIG_OPTION_HELP  # (the Configs' docstrings are dataclasses' signatures, which tyro leaves out)
-    cfg = tyro.cli(config_cls, args=argv, prog=prog, default=default, description=description)
     try:
         if getattr(cfg, "seeds", None):
             train_seeds = getattr(sys.modules[train.__module__], "train_seeds", None)

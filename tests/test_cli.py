@@ -239,6 +239,13 @@ def test_a_run_starts_from_a_saved_runs_config(tiny, tmp_path):
     assert config["hidden"] == [16, 16] and config["batch_size"] == 32 and config["eval"]["episodes"] == 2
     assert config["seed"] == 1 and config["steps"] == 30 and config["log"]["name"] is None and config["resume"] is None
     assert run_dir.name.startswith("1-")
+    # a sweep variant may start from it too; the rerun reads the finished run's options through it and skips the run
+    sweep_args = ["-m", "benchmarks.sweep", "--name", "c", "--out-dir", str(tmp_path / "sweeps"), "--variant",
+                  f"c=bc --config {saved}", "--datasets", tiny, "--seeds", "2", "--steps", "20"]
+    run_cli(PYTHON, *sweep_args)
+    swept = json.loads((tmp_path / "sweeps" / "c" / "c" / "bc" / "offrl-tiny-v0" / "2-sweep" / "config.json").read_text())
+    assert swept["hidden"] == [16, 16] and swept["seed"] == 2 and swept["log"]["name"] == "2-sweep"
+    assert "1 of 1 runs already finished" in run_cli(PYTHON, *sweep_args).stdout
     missing = run_cli(PYTHON, "-m", "algos.bc", "--config", str(tmp_path / "nope"), check=False)
     assert missing.returncode == 1 and "--config" in missing.stderr and "Traceback" not in missing.stderr
     other = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(saved / "config.json"), check=False)
