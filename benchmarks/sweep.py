@@ -462,7 +462,8 @@ def run_command(command: list[str], run_dir: str, log_path: str, env_updates: di
             import json
 
             try:
-                if str(json.loads(final.read_text()).get("steps")) == command[command.index("--steps") + 1]:
+                record = json.loads(final.read_text())
+                if str(record.get("steps")) == command[command.index("--steps") + 1] and "failed" not in record:
                     return {"returncode": 0, "seconds": time.time() - start, "node": socket.gethostname()}
             except ValueError:  # a final.json being written: let the run itself decide
                 pass

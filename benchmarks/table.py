@@ -9,7 +9,8 @@ the IQM of the seeds' last scores with a 95% confidence interval. Below it, per 
 datasets: IQM, mean and optimality gap with stratified-bootstrap 95% CIs. A run folder that a NaN/inf
 stopped (diverged.json, no final.json) has no score: the table lists it in a section of its own and its
 row's seeds cell counts it ("2 (+1 diverged)"), and a run whose final.json records a failure (MBRCSL without
-a kept rollout) is named on stderr, so a missing seed is never silent. The statistics come from
+a kept rollout: its behaviour policy's scores, no RCSL score) is named on stderr for each metric it lacks, so a
+missing seed is never silent. The statistics come from
 rliable (benchmarks/stats.py: the optional extra `.[stats]`) with a fixed number of bootstrap
 replicates (--reps) and a fixed seed (--bootstrap-seed), so the same run folders give the same table,
 byte for byte. The caption states seeds, steps, evaluation episodes, hardware and package versions,
@@ -97,7 +98,8 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
             "episodes": episodes, "train_episodes": config["eval"]["episodes"],
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
-            "curve": sorted(curve.items()), "finished": max(times, default=None), "data_checksum": data_checksum}
+            "curve": sorted(curve.items()), "finished": max(times, default=None), "data_checksum": data_checksum,
+            "failed": final.get("failed")}
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
@@ -111,11 +113,10 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     seen: dict[tuple[str, str, str, int], Path] = {}  # (label, metric, dataset, seed) -> its run folder
     for label, final in finished_runs(roots, variants, datasets):
-        if failed := json.loads(final.read_text()).get("failed"):  # no score to tabulate, but not silently left out
-            print(f"note: {final.parent} failed ({failed}); not in the table", file=sys.stderr)
-            continue
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
+            if run is not None and run["final"] is None and run["failed"]:  # no score, but not silently left out
+                print(f"note: {final.parent} failed ({run['failed']}): no {metric}, not in that row", file=sys.stderr)
             if run is not None and run["final"] is not None:
                 key = (label, metric, run["dataset"], run["seed"])
                 if key in seen:  # a seed run twice (e.g. again by hand into a second folder) would count twice

@@ -234,11 +234,24 @@ def load_state_dicts(objects: dict[str, Any], states: dict[str, Any], source: st
         raise CheckpointError(f"checkpoint {source}: has no state for {', '.join(missing)}")
     for name, obj in objects.items():
         try:
-            obj.load_state_dict(states[name])
+            load_state(obj, states[name])
         except (RuntimeError, KeyError, ValueError) as exc:
             first_line = str(exc).strip().splitlines()[0]
             raise CheckpointError(f"checkpoint {source}: state of '{name}' does not fit this config: {first_line}") from None
 
+
+def load_state(obj: Any, state: Any) -> None:
+    """obj.load_state_dict(state); an optimizer keeps the `capturable` flags it was built with. A checkpoint's flags
+    belong to the device it was written on: True from a CUDA run fails on the CPU (a resume may change --device),
+    and False from an older CUDA run would make a capturable-built Adam read its step count with .item()."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        obj.load_state_dict(state)
+        return
+    built = [group.get("capturable") for group in obj.param_groups]
+    obj.load_state_dict(state)
+    for group, flag in zip(obj.param_groups, built):
+        if flag is not None:
+            group["capturable"] = flag
 
 
 class Stateful:
@@ -264,7 +277,7 @@ class Stateful:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in self.STATE:
-            getattr(self, name).load_state_dict(state[name])
+            load_state(getattr(self, name), state[name])
         for name in self.VALUES:
             if name not in state and name in self.VALUES_ADDED_LATER:
                 print(f"warning: the checkpoint predates saving {type(self).__name__}'s {name}; resuming with it as "

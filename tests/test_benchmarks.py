@@ -1067,13 +1067,19 @@ def test_a_run_recorded_as_failed_is_run_again_and_named_by_the_table(tmp_path, 
     counted it finished on the next run, and the table dropped it without a word."""
     job = sweep.Job("m", "mbrcsl", [], "offrl/tiny-v0", 0, 20, tmp_path)
     job.run_dir.mkdir(parents=True)
-    final = {"algo": "mbrcsl", "dataset": "offrl/tiny-v0", "seed": 0, "steps": 20, "rollouts/kept": 0}
+    final = {"algo": "mbrcsl", "dataset": "offrl/tiny-v0", "seed": 0, "steps": 20, "rollouts/kept": 0,
+             "behaviour/normalized_score": 12.5}
     (job.run_dir / "final.json").write_text(json.dumps(final))
+    (job.run_dir / "config.json").write_text(json.dumps({"eval": {"episodes": 2}, "run": {}}))
+    (job.run_dir / "environment.json").write_text("{}")
+    (job.run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "behaviour/normalized_score": 12.5}) + "\n")
     assert job.done()
     (job.run_dir / "final.json").write_text(json.dumps({**final, "failed": "no rollout passed the threshold"}))
     assert not job.done()
-    assert table.collect(tmp_path) == {}
-    assert f"{job.run_dir} failed (no rollout passed the threshold)" in capsys.readouterr().err
+    assert table.collect(tmp_path) == {}  # no RCSL score: named, not silently dropped
+    assert f"{job.run_dir} failed (no rollout passed the threshold): no eval/normalized_score" in capsys.readouterr().err
+    (kept,) = table.collect(tmp_path, ["behaviour/normalized_score"]).values()  # its behaviour policy's score stands
+    assert kept[0]["final"] == 12.5
 
 
 @pytest.mark.skipif(not HAS_RAY, reason="ray is an optional extra")

@@ -158,3 +158,19 @@ def test_a_value_saved_only_since_a_later_version_is_optional_when_loading(capsy
     assert "predates saving Agent's actor_metrics; resuming with it as built" in capsys.readouterr().err
     with pytest.raises(CheckpointError, match="state of 'agent' does not fit"):
         ckpt.load_state_dicts({"agent": agent}, {"agent": {"actor_metrics": {}}}, "old.pt")
+
+
+def test_an_optimizer_keeps_the_capturable_flag_it_was_built_with():
+    """A CUDA run's optimizer state says capturable=True (graph_safe, SAC's temperature): loaded as it is into a CPU
+    Adam (a resume may change --device), its next step failed on an assertion."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    cuda_built = torch.optim.Adam([weight], lr=0.1)
+    weight.grad = torch.ones(3)
+    cuda_built.step()
+    state = cuda_built.state_dict()
+    state["param_groups"][0]["capturable"] = True  # as a CUDA run wrote it
+    on_cpu = torch.optim.Adam([weight], lr=0.1)
+    ckpt.load_state_dicts({"opt": on_cpu}, {"opt": state}, "cuda-run.pt")
+    assert on_cpu.param_groups[0]["capturable"] is False and on_cpu.state[weight]["step"] == 1
+    on_cpu.step()
+    assert on_cpu.state[weight]["step"] == 2
