@@ -313,6 +313,8 @@ class SeedRuns:
         """Every seed's evaluation episodes in one vector env, each seed's reset as in its own run."""
         if not self.runs[0]._due(step, self.cfg.eval.every):
             return
+        for run in self.runs:  # a NaN since the last logged step stops the runs as a divergence, as Run.evaluate
+            run.check_unlogged()
         episodes = self.cfg.eval.episodes
         seeds = [r.eval_seed + j for r in self.runs for j in range(episodes)]
         result = evaluate(policy, metadata, episodes * len(self.runs), device=self.device, reset_seeds=seeds)

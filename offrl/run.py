@@ -458,6 +458,7 @@ class Run:
         target) the results are logged under that prefix and are not the run's score."""
         if not (force or self._due(step, self.cfg.eval.every)):
             return None
+        self.check_unlogged()  # a NaN since the last logged step is a divergence, not the policy's NaN actions
         result = evaluate(policy, metadata, self.cfg.eval.episodes, self.eval_seed, self.device)
         return self.record_evaluation(step, result, prefix)
 

@@ -252,3 +252,23 @@ def test_a_diverged_run_lets_go_of_its_folder_when_it_stops(tmp_path):
     claimed = subprocess.run([PYTHON, "-c", f"from offrl import checkpoint; checkpoint.claim_run_folder({str(run.dir)!r})"],
                              cwd=ROOT, capture_output=True, text=True)
     assert claimed.returncode == 0, claimed.stderr
+
+
+def test_a_nan_between_logged_steps_stops_the_run_as_diverged_at_an_evaluation(tiny, tmp_path):
+    """Weights gone NaN after the last logged step make NaN actions at the next evaluation: that is the run
+    diverging (diverged.json, which a sweep does not resume into the same NaN), not an evaluation error."""
+    from algos.td3_bc import Config
+    from offrl.data import load_dataset
+    from offrl.errors import TrainingDiverged
+    from offrl.run import Run
+
+    cfg = Config(steps=20, dataset=tiny)
+    cfg.log.wandb, cfg.log.progress, cfg.log.every, cfg.eval.every, cfg.run.out_dir = "disabled", False, 10, 5, str(tmp_path)
+    cfg.eval.episodes = 2
+    run = Run("td3_bc", cfg)
+    metadata = load_dataset(tiny).metadata
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 5"):  # the step before the evaluation
+        for step in run.steps({"net": torch.nn.Linear(1, 1)}):
+            run.log(step, {"loss": torch.tensor(float("nan") if step >= 4 else 1.0)})
+            run.evaluate(step, lambda obs: torch.full((obs.shape[0], 1), float("nan")), metadata)
+    assert json.loads((run.dir / ckpt.DIVERGED_FILE).read_text())["step"] == 5
