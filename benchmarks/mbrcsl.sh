@@ -28,7 +28,7 @@ hopper_sweep=(python -m benchmarks.sweep --name mbrcsl-hopper-mr --out-dir "$out
               --seeds ${HOPPER_SEEDS:-0 1 2} --steps "$steps" --jobs "$jobs" --common "--eval.episodes 10"
               --variant "mbrcsl=mbrcsl --behaviour.steps $behaviour_steps --model-seed 0 --model.max-epochs 120 --max-rollout-epochs ${HOPPER_ROLLOUT_EPOCHS:-10}"
               --variant "mbrcsl-t1000=mbrcsl --behaviour-policy $out/mbrcsl-hopper-mr/mbrcsl/mbrcsl/offrl-hopper-medium-replay-v0/{seed}-sweep/behaviour.pt --threshold ${HOPPER_THRESHOLD:-1000} --model-seed 0 --model.max-epochs 120 --max-rollout-epochs ${HOPPER_ROLLOUT_EPOCHS:-10}")
-"${maze_sweep[@]}"
+"${maze_sweep[@]}" || echo "maze sweep: some runs failed (an MBRCSL run with no rollout above the threshold exits 1)"
 "${hopper_sweep[@]}" || echo "hopper sweep: some runs failed (an MBRCSL run with no rollout above the threshold exits 1)"
 python -m benchmarks.table "$out/mbrcsl-maze" "$out/mbrcsl-hopper-mr" --metric eval/normalized_score \
   --metric behaviour/normalized_score --metric eval/return_mean --out results/mbrcsl-stitching.md \

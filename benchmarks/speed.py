@@ -185,9 +185,13 @@ def configured(algo: str, run_args: str, compile: bool = False):
         return None
     if algo in WORLD_MODEL_STEPS:
         raise SystemExit(f"--run-args: {algo} is a world-model step with no options")
+    from offrl.errors import OffrlError
     from offrl.run import parse_config
 
-    cfg = parse_config(importlib.import_module(f"algos.{algo}").Config, shlex.split(run_args))
+    try:
+        cfg = parse_config(importlib.import_module(f"algos.{algo}").Config, shlex.split(run_args))
+    except OffrlError as exc:  # --config's
+        raise SystemExit(f"--run-args: {exc}") from None
     cfg.run.compile = cfg.run.compile or compile
     return cfg
 

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> str:
              f"synthetic data (obs 11, act 3); median ms per update (sample + step) over {args.blocks} blocks of "
              f"{args.per_block} after {args.warmup} warm-up steps. Matmul reference (4096^3): fp32 "
              f"{roof['fp32'] / 1000:.1f} TFLOP/s (no TF32), bf16 {roof['bf16'] / 1000:.1f} TFLOP/s. 'warm-up s': "
-             "building the agent and the warm-up steps (with --run.compile, the compile time).", "",
+             "the measurement's time less its timed blocks and FLOP-counting steps, an estimate (building the agent and its "
+             "synthetic data, the warm-up steps; with --run.compile mostly the compile time).", "",
              "| algo | variant | ms/update | speed-up over eager | warm-up s | GFLOP/update | GFLOP/s | of matmul |",
              "|---|---|---|---|---|---|---|---|"]
     eager = {r["algo"]: r["median_ms"] for r in rows if r["variant"] == "eager"}

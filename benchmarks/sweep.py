@@ -203,13 +203,17 @@ def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, objec
     import importlib
 
     from offrl.config import to_dict
+    from offrl.errors import OffrlError
     from offrl.run import config_changes, default_config, parse_config
 
     saved = job.run_dir / "config.json"
     if not saved.exists():
         return []
     module = importlib.import_module(f"algos.{job.algo}")
-    cfg = parse_config(module.Config, job.command(common)[3:])
+    try:
+        cfg = parse_config(module.Config, job.command(common)[3:])
+    except OffrlError as exc:  # e.g. a variant's --config moved since the run finished
+        raise SystemExit(f"error: {job.run_dir}: {exc}") from None
     if hasattr(module, "resolve_config"):  # defaults the algorithm fills in from the dataset before the run starts
         cfg = module.resolve_config(cfg)
     current = json.loads(json.dumps(to_dict(cfg), default=str))
@@ -227,13 +231,17 @@ def check_finished_options(jobs: list[Job], common: list[str]) -> None:
         elif (job.run_dir / "final.json").exists() and not job.done() and not job.has_checkpoint():
             # e.g. a committed record (no checkpoints): --resume auto would start it afresh in <seed>-sweep-1,
             # where the sweep does not look, and every later sweep would call the run failed
-            steps = json.loads((job.run_dir / "final.json").read_text()).get("steps")
-            stranded.append(f"{job.run_dir}: finished at {steps} steps, no checkpoint to continue to {job.steps}")
+            record = json.loads((job.run_dir / "final.json").read_text())
+            if "failed" in record:
+                stranded.append(f"{job.run_dir}: failed ({record['failed']}), no checkpoint to run it again from")
+            else:
+                stranded.append(f"{job.run_dir}: finished at {record.get('steps')} steps, no checkpoint to continue "
+                                f"to {job.steps}")
     if problems:
         raise SystemExit(f"error: {len(problems)} finished run(s) were made with other options than this sweep asks "
                          "for (a new --name or --out-dir keeps both):\n  " + "\n  ".join(problems))
     if stranded:
-        raise SystemExit(f"error: {len(stranded)} run(s) finished with another --steps and have no checkpoint to "
+        raise SystemExit(f"error: {len(stranded)} run(s) ended (at another --steps, or failed) and have no checkpoint to "
                          "continue from (a new --name or --out-dir runs them afresh):\n  " + "\n  ".join(stranded))
 
 
@@ -422,8 +430,17 @@ def wants_gpu(options: list[str]) -> bool:
 
 
 def ray_resources(job: Job, common: list[str], threads: int) -> dict:
-    """A run's Ray task resources: a CPU per thread, and a GPU when its options say --device cuda."""
-    return {"num_cpus": threads, "num_gpus": 1 if wants_gpu(common) or wants_gpu(job.extra) else 0}
+    """A run's Ray task resources: a CPU per thread, and a GPU when its options say --device cuda (or a --config it
+    starts from does)."""
+    gpu = wants_gpu(common) or wants_gpu(job.extra)
+    if not gpu and any(o == "--config" or o.startswith("--config=") for o in [*common, *job.extra]):
+        import importlib
+
+        from offrl.run import parse_config
+
+        module = importlib.import_module(f"algos.{job.algo}")
+        gpu = parse_config(module.Config, job.command(common)[3:]).device.startswith("cuda")
+    return {"num_cpus": threads, "num_gpus": 1 if gpu else 0}
 
 
 def run_command(command: list[str], run_dir: str, log_path: str, env_updates: dict[str, str], cwd: str | None,

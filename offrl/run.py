@@ -21,6 +21,7 @@ uninterrupted one (CPU).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -547,25 +548,48 @@ class Run:
         return final
 
 
-CONFIG_OPTION_HELP = ("--config RUN: start from the options a saved run was trained with (its folder or its "
-                      "config.json; its --resume and --log.name are dropped, so it trains afresh in a new folder); "
-                      "the other options given override them, e.g. --config runs/iql/<dataset>/0-<time> --seed 1")
+CONFIG_OPTION_HELP = ("--config RUN: start from the options a saved run of this algorithm was trained with (its folder or "
+                      "its config.json), in a new run folder under the default --run.out-dir (its --resume, --log.name "
+                      "and --run.out-dir are dropped); the other options given override them, e.g. --config "
+                      "runs/iql/<dataset>/0-<time> --seed 1. Settings the algorithm filled in from the saved run's "
+                      "dataset (MOPO's and MOBILE's per-task ones) come along: give them for another --dataset.")
 
 
 def saved_config(config_cls: type, path: str | os.PathLike):
-    """The config a run folder's config.json holds, as the defaults of a new run: resume and log.name cleared (the new
-    run must not continue or share the saved run's folder)."""
+    """The config a run folder's config.json holds, as the defaults of a new run of the same algorithm: resume,
+    log.name and run.out_dir back at their defaults (the new run must not continue, share or join the saved run's
+    folder, e.g. a sweep's, whose table would count it)."""
     file = Path(path)
     file = file / "config.json" if file.is_dir() else file
     try:
         values = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise OffrlError(f"--config {path}: not a readable run config ({exc})") from None
+    except (OSError, ValueError) as exc:  # (JSONDecodeError, and UnicodeDecodeError for a checkpoint given)
+        raise OffrlError(f"--config {path}: not a run's config.json; give the run folder or its config.json "
+                         f"({type(exc).__name__})") from None
     if not isinstance(values, dict):
         raise OffrlError(f"--config {path}: not a run config (a JSON object of options)")
+    module = sys.modules.get(config_cls.__module__)  # __main__ under `python -m algos.<algo>`: its spec names it
+    algo = (getattr(getattr(module, "__spec__", None), "name", None) or config_cls.__module__).rpartition(".")[2]
+    saved_algo = _recorded_algo(file.parent)
+    if saved_algo is not None and saved_algo != algo:
+        raise OffrlError(f"--config {path}: a {saved_algo} run's config, not {algo}'s")
     cfg = from_dict(config_cls, values, where=f"--config {file}")
-    cfg.resume, cfg.log.name = None, None
+    cfg.resume, cfg.log.name, cfg.run.out_dir = None, None, config_cls().run.out_dir
     return cfg
+
+
+def _recorded_algo(run_dir: Path) -> str | None:
+    """The algorithm a run folder belongs to: its final.json's, else its place <out_dir>/<algo>/<dataset>/<run>."""
+    try:
+        return json.loads((run_dir / "final.json").read_text())["algo"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    name = run_dir.parent.parent.name
+    try:
+        known = name.isidentifier() and importlib.util.find_spec(f"algos.{name}") is not None
+    except (ImportError, ValueError):
+        known = False
+    return name if known and (run_dir / "config.json").is_file() else None
 
 
 def _split_config_option(argv: list[str]) -> tuple[str | None, list[str]]:

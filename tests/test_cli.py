@@ -238,6 +238,7 @@ def test_a_run_starts_from_a_saved_runs_config(tiny, tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["hidden"] == [16, 16] and config["batch_size"] == 32 and config["eval"]["episodes"] == 2
     assert config["seed"] == 1 and config["steps"] == 30 and config["log"]["name"] is None and config["resume"] is None
+    assert config["run"]["out_dir"] == str(second)  # given; without it the default, not the saved run's tree
     assert run_dir.name.startswith("1-")
     # a sweep variant may start from it too; the rerun reads the finished run's options through it and skips the run
     sweep_args = ["-m", "benchmarks.sweep", "--name", "c", "--out-dir", str(tmp_path / "sweeps"), "--variant",
@@ -249,4 +250,11 @@ def test_a_run_starts_from_a_saved_runs_config(tiny, tmp_path):
     missing = run_cli(PYTHON, "-m", "algos.bc", "--config", str(tmp_path / "nope"), check=False)
     assert missing.returncode == 1 and "--config" in missing.stderr and "Traceback" not in missing.stderr
     other = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(saved / "config.json"), check=False)
-    assert other.returncode == 1 and "unknown field(s) frac" in other.stderr and "Traceback" not in other.stderr
+    assert other.returncode == 1 and "a bc run's config, not td3_bc's" in other.stderr and "Traceback" not in other.stderr
+    checkpoint = run_cli(PYTHON, "-m", "algos.bc", "--config", str(saved / "checkpoints" / "last.pt"), check=False)
+    assert checkpoint.returncode == 1 and "give the run folder or its config.json" in checkpoint.stderr
+    assert "Traceback" not in checkpoint.stderr
+    # a copy outside any run folder: the fields tell (a MOPO config would fit MOBILE's: the folder is what tells)
+    (tmp_path / "loose.json").write_text((saved / "config.json").read_text())
+    loose = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(tmp_path / "loose.json"), check=False)
+    assert loose.returncode == 1 and "unknown field(s) frac" in loose.stderr
