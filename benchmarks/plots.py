@@ -178,8 +178,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = parser.parse_args(argv)
     groups = table.collect([root for root in args.roots if root.is_dir()], args.metric)
     if not groups:
-        raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
-                         f"{', '.join(map(str, args.roots))}")
+        raise table.no_finished_runs(args.metric, args.roots)
     summary = table.summarize(groups, "plots", None, reps=args.reps, seed=args.bootstrap_seed, profiles=True,
                               curves=True)
     written = write_plots(summary, args.out_dir)

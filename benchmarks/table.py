@@ -58,6 +58,12 @@ def reevaluated(run_dir: Path, episodes: int, seed: int) -> dict:
     return report
 
 
+def no_finished_runs(metrics: list[str] | None, roots: list[Path], filtered: bool = False) -> SystemExit:
+    """The error for sweep folders with nothing to tabulate (or a mistyped --metric)."""
+    return SystemExit(f"error: no finished run with {', '.join(metrics or ['eval/normalized_score'])} under "
+                      f"{', '.join(map(str, roots))}{' (after --variants/--datasets)' if filtered else ''}")
+
+
 def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | None]:
     """(final.json, metrics rows, config.json, environment.json, dataset.json or None) of a finished run; a
     damaged or missing record stops with its folder named."""
@@ -553,9 +559,7 @@ def main(argv: list[str] | None = None) -> str:
     diverged = collect_diverged(args.roots, args.variants, args.datasets)
     finished = any(finished_runs(args.roots, args.variants, args.datasets))
     if not groups and (finished or not diverged):  # nothing to tabulate (or a mistyped --metric): keep --out as it is
-        filtered = " (after --variants/--datasets)" if args.variants or args.datasets else ""
-        raise SystemExit(f"error: no finished run with {', '.join(args.metric or ['eval/normalized_score'])} under "
-                         f"{', '.join(map(str, args.roots))}{filtered}")
+        raise no_finished_runs(args.metric, args.roots, filtered=bool(args.variants or args.datasets))
     summary = summarize(groups, args.title, args.command,
                         args.reeval_seed if reevaluate else None, args.reps, args.bootstrap_seed,
                         profiles=extras, curves=extras, diverged=diverged)
