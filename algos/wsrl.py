@@ -283,7 +283,7 @@ def load_pretrained(agent: WSRL, path: str, cfg: Config, env_id: str | None = No
             continue
         target = getattr(agent, name)
         try:
-            target.load_state_dict(objects[name])
+            ckpt.load_state(target, objects[name])  # keeps the capturable flags this process built
         except (RuntimeError, ValueError, KeyError) as exc:
             arch = {k: saved[k] for k in ("hidden", "num_critics", "layer_norm", "actor_layer_norm",
                                           "shared_critic_output") if k in saved}

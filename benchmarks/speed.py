@@ -420,10 +420,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_config(algo: str, dataset: str, device: str, threads: int, run_args: list[str]):
     """The `Config` a run of `algo` with these options has, as its command line parses it."""
+    from offrl.errors import OffrlError
     from offrl.run import parse_config
 
     module = importlib.import_module(f"algos.{algo}")
-    return parse_config(module.Config, ["--dataset", dataset, "--device", device, "--run.threads", str(threads), *run_args])
+    try:
+        return parse_config(module.Config, ["--dataset", dataset, "--device", device, "--run.threads", str(threads),
+                                            *run_args])
+    except OffrlError as exc:  # --config's
+        raise SystemExit(f"--run-args: {exc}") from None
 
 
 def periodic_work(cfg) -> int:

@@ -438,8 +438,13 @@ def ray_resources(job: Job, common: list[str], threads: int) -> dict:
 
         from offrl.run import parse_config
 
+        from offrl.errors import OffrlError
+
         module = importlib.import_module(f"algos.{job.algo}")
-        gpu = parse_config(module.Config, job.command(common)[3:]).device.startswith("cuda")
+        try:
+            gpu = parse_config(module.Config, job.command(common)[3:]).device.startswith("cuda")
+        except OffrlError as exc:
+            raise SystemExit(f"error: {job.run_dir}: {exc}") from None
     return {"num_cpus": threads, "num_gpus": 1 if gpu else 0}
 
 

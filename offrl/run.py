@@ -568,8 +568,12 @@ def saved_config(config_cls: type, path: str | os.PathLike):
                          f"({type(exc).__name__})") from None
     if not isinstance(values, dict):
         raise OffrlError(f"--config {path}: not a run config (a JSON object of options)")
-    module = sys.modules.get(config_cls.__module__)  # __main__ under `python -m algos.<algo>`: its spec names it
-    algo = (getattr(getattr(module, "__spec__", None), "name", None) or config_cls.__module__).rpartition(".")[2]
+    # __main__ under `python -m algos.<algo>` (its spec names it) or `python algos/<algo>.py` (its file does)
+    module = sys.modules.get(config_cls.__module__)
+    spec_name = getattr(getattr(module, "__spec__", None), "name", None)
+    algo = (spec_name or config_cls.__module__).rpartition(".")[2]
+    if algo == "__main__" and getattr(module, "__file__", None):
+        algo = Path(module.__file__).stem
     saved_algo = _recorded_algo(file.parent)
     if saved_algo is not None and saved_algo != algo:
         raise OffrlError(f"--config {path}: a {saved_algo} run's config, not {algo}'s")

@@ -1060,6 +1060,9 @@ def test_a_ray_task_does_not_run_a_run_finished_while_it_waited(tmp_path):
     result = sweep.run_command(never, str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)
     assert result["returncode"] == 0 and not (tmp_path / "0-sweep.log").read_text()
     assert sweep.run_command([*never[:-1], "200"], str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)["returncode"] == 1
+    # a run whose final.json records a failure (MBRCSL without a kept rollout) is run again, as the local backend does
+    (run_dir / "final.json").write_text(json.dumps({"steps": 100, "failed": "no rollout passed the threshold"}))
+    assert sweep.run_command(never, str(run_dir), str(tmp_path / "0-sweep.log"), {}, None)["returncode"] == 1
 
 
 def test_a_run_recorded_as_failed_is_run_again_and_named_by_the_table(tmp_path, capsys):

@@ -254,7 +254,17 @@ def test_a_run_starts_from_a_saved_runs_config(tiny, tmp_path):
     checkpoint = run_cli(PYTHON, "-m", "algos.bc", "--config", str(saved / "checkpoints" / "last.pt"), check=False)
     assert checkpoint.returncode == 1 and "give the run folder or its config.json" in checkpoint.stderr
     assert "Traceback" not in checkpoint.stderr
-    # a copy outside any run folder: the fields tell (a MOPO config would fit MOBILE's: the folder is what tells)
+    # a folder without final.json: its place <algo>/<dataset>/<run> tells (a MOPO config would fit MOBILE's fields)
+    placed = tmp_path / "elsewhere" / "bc" / "offrl-tiny-v0" / "r"
+    placed.mkdir(parents=True)
+    (placed / "config.json").write_text((saved / "config.json").read_text())
+    by_place = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(placed), check=False)
+    assert by_place.returncode == 1 and "a bc run's config, not td3_bc's" in by_place.stderr
+    # without --run.out-dir the new run goes to the default place, not into the saved run's tree (a sweep's, say)
+    run_cli(PYTHON, "-m", "algos.bc", "--config", str(saved), "--steps", "5", cwd=tmp_path / "elsewhere")
+    assert len(list((tmp_path / "elsewhere" / "runs" / "bc" / "offrl-tiny-v0").iterdir())) == 1
+    assert len(list((first / "bc" / "offrl-tiny-v0").iterdir())) == 1
+    # a copy outside any run folder: the fields tell
     (tmp_path / "loose.json").write_text((saved / "config.json").read_text())
     loose = run_cli(PYTHON, "-m", "algos.td3_bc", "--config", str(tmp_path / "loose.json"), check=False)
     assert loose.returncode == 1 and "unknown field(s) frac" in loose.stderr

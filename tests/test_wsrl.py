@@ -632,3 +632,19 @@ def test_plot_leaves_out_a_cut_off_last_line_and_names_a_damaged_one(tmp_path):
     metrics.write_text("\n".join([*lines[:2], "{not json", *lines[2:]]))
     with pytest.raises(SystemExit, match=r"metrics.jsonl: line 3 is not JSON .*mend or move the run folder aside"):
         wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png")])
+
+
+def test_a_pretrained_checkpoint_brings_its_optimizer_states_not_its_devices_flags(pretrained, tmp_path):
+    """A checkpoint pre-trained on CUDA records capturable optimizers; loaded as it is into a CPU fine-tuning run,
+    a non-fused Adam's next step failed on torch's device assertion."""
+    state = ckpt.load(pretrained / "checkpoints" / "last.pt")
+    for name in ("actor_opt", "critic_opt", "alpha_opt"):
+        for group in state["objects"]["agent"][name]["param_groups"]:
+            group["capturable"] = True  # as a CUDA run wrote them
+    run_dir = tmp_path / "cuda-run"
+    shutil.copytree(pretrained, run_dir)
+    ckpt.save(run_dir / "checkpoints" / "last.pt", state)
+    cfg = config(tmp_path, run_dir)
+    agent = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
+    wsrl.load_pretrained(agent, str(run_dir), cfg)
+    assert not any(g["capturable"] for opt in (agent.actor_opt, agent.critic_opt, agent.alpha_opt) for g in opt.param_groups)
