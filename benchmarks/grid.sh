@@ -36,7 +36,9 @@
 #   total          ~56 h of wall time; the rest of the 3 days is margin for the estimated figures above.
 #
 # The papers train 1M steps (DT 100k, MOPO/MOBILE/RAVL 3M); these budgets are far below, and the table says
-# which each row had. DT gets a 1k-step learning-rate warm-up (its default 10k would fill its budget), as in
+# which each row had. The shared dynamics models all train to early stopping within MODEL_EPOCHS: MOBILE's own
+# walker2d-medium cap of 30 epochs (its official config) and RAVL's at-least-350 do not apply here, and MOBILE's
+# actor learning rate decays to 0 over its 3k steps (its cosine spans --steps). DT gets a 1k-step learning-rate warm-up (its default 10k would fill its budget), as in
 # benchmarks/return_conditioned.sh. Every run evaluates 10 episodes (DT at two targets), 10 times per run (MOBILE and RAVL 6).
 # Model-based checkpoints hold the model buffer (up to 50k x 5 x 5 rows): about 20 GB for all their run folders.
 #

@@ -103,6 +103,9 @@ def test_mobile_and_mopo_per_dataset_settings():
     assert dataset_setting("offrl/hopper/medium-replay-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 2.5)
     assert dataset_setting("offrl/walker2d/random-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (1, 1.0)
     assert dataset_setting("offrl/halfcheetah/random-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 0.5)
+    # D4RL's own file names have underscores (they fell back to the default setting)
+    assert dataset_setting("/data/d4rl/hopper_medium_replay-v2.hdf5", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 2.5)
+    assert dataset_setting("walker2d_medium-v2.hdf5", SETTINGS, DEFAULT_SETTING) == (5, 0.5, True, None, 30)
 
 
 def test_mobile_smoke(tiny, tmp_path, model_cache):

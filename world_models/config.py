@@ -59,9 +59,10 @@ class ModelBasedConfig(DynamicsModelConfig):
 
 
 def dataset_setting(name: str, table: dict[tuple[str, str], tuple], default: tuple) -> tuple:
-    """An algorithm's per-dataset setting for a name such as offrl/hopper/medium-replay-v0 or
-    hopper-medium-replay-v2 (the suite's datasets take D4RL's entry of the same env and level)."""
-    text = name.lower().replace("/", "-")
+    """An algorithm's per-dataset setting for a name such as offrl/hopper/medium-replay-v0, hopper-medium-replay-v2
+    or a D4RL file's own name, hopper_medium_replay-v2.hdf5 (the suite's datasets take D4RL's entry of the same env
+    and level)."""
+    text = name.lower().replace("/", "-").replace("_", "-")
     for (env, level), setting in table.items():
         if f"{env}-{level}-v" in text:
             return setting
