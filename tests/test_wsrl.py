@@ -329,6 +329,11 @@ def test_last_as_a_mean_of_the_last_evaluations_and_a_context_dip_window(tmp_pat
     assert "WSRL's last-2 mean 65.0 vs SAC from scratch's 34.5: met (WSRL >= scratch; in 2 of 2 seeds)" in text
     # within 300 steps: WSRL's lowest 40 and 10 (dips 10, 20), no warm-up's 0 and 20 (dips 50, 10)
     assert "within 300 env steps after the updates begin, the dip with warm-up 15.0 vs without 30.0" in text
+    # a context window the runs do not get past gives no dip over part of it
+    wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
+                    "--context-dip-window", "1000"])
+    text = out.read_text()
+    assert "the 1000-step context window is not yet past in seeds [0, 1]" in text and "within 1000 env steps" not in text
 
 
 def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path):
