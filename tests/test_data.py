@@ -441,3 +441,17 @@ def test_a_full_ring_restored_into_a_larger_buffer_keeps_its_order():
     assert len(large) == 6 and large.storage[:6, 0].tolist() == [2, 3, 4, 5, 6, 7]
     with pytest.raises(ValueError, match="more than this buffer's capacity"):
         ReplayBuffer(obs_dim=1, act_dim=1, capacity=2).load_state_dict(small.state_dict())
+
+
+def test_buffer_rows_from_host_arrays_equal_rows_from_tensors():
+    """Host data goes to the device in one copy (one sync per online env step on CUDA, not five): the same float32
+    rows as from tensors, float64 and bool inputs included."""
+    from offrl.data.buffer import ReplayBuffer
+
+    rng = np.random.default_rng(0)
+    fields = (rng.normal(size=(7, 3)), rng.normal(size=(7, 2)).astype(np.float32), rng.normal(size=7) * 1e3,
+              rng.normal(size=(7, 3)), rng.random(7) < 0.5)
+    from_host, from_tensors = ReplayBuffer(3, 2, 10, "cpu"), ReplayBuffer(3, 2, 10, "cpu")
+    from_host.add(*fields)
+    from_tensors.add(*(torch.as_tensor(x).to(torch.float32) for x in fields))
+    assert torch.equal(from_host.storage, from_tensors.storage) and len(from_host) == 7

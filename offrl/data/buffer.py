@@ -51,11 +51,17 @@ class ReplayBuffer:
 
     def add(self, observations, actions, rewards, next_observations, terminals) -> None:
         """Append rows (numpy or tensors, leading batch dim); oldest rows are overwritten when full."""
-        rows = torch.cat([
-            torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x, dtype=torch.float32, device=self.device)
-            .reshape(len(observations), -1)
-            for x in (observations, actions, rewards, next_observations, terminals)
-        ], dim=1)
+        fields = (observations, actions, rewards, next_observations, terminals)
+        if not any(torch.is_tensor(x) for x in fields):  # host data: one copy to the device, not five (an online
+            n = len(observations)                        # env step's five would be five syncs on CUDA)
+            rows = torch.as_tensor(np.concatenate([np.asarray(x, dtype=np.float32).reshape(n, -1) for x in fields], axis=1),
+                                   device=self.device)
+        else:
+            rows = torch.cat([
+                torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x, dtype=torch.float32, device=self.device)
+                .reshape(len(observations), -1)
+                for x in fields
+            ], dim=1)
         n = len(rows)
         if n > self.capacity:
             rows, n = rows[-self.capacity:], self.capacity
