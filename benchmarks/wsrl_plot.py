@@ -27,7 +27,7 @@ evaluation, is a single draw from that swing.
 with the final evaluation alone in a column beside it: a fine-tuned policy's deterministic evaluations swing
 from one to the next, so one is a single draw (default 1: the last evaluation, as the committed tables made
 before the option). `--context-dip-window W` adds, below the dip check and as context only, the dips within W
-env steps after the updates begin (computed over the evaluations a run has there).
+env steps after the updates begin, once every seed's run got past them (else it names the seeds short of them).
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def checks(labels: dict[str, dict], last_evals: int = 1, context_window: int | N
                          f"(with < without, for the mean and in every seed: in {held} of {n})")
             short = [seed for label in ("WSRL", "no warm-up") for seed, r in runs[label].items() if not r["context_done"]]
             if context_window and short:  # a dip over part of the window would read as one over all of it
-                lines.append(f"context, not a claim: the {context_window}-step context window is not yet past in "
+                lines.append(f"context, not a claim: the {context_window}-step context window is not past in "
                              f"seeds {sorted(set(short))}")
             elif context_window:
                 wide, wide_without = mean("WSRL", "context_dip"), mean("no warm-up", "context_dip")

@@ -333,7 +333,7 @@ def test_last_as_a_mean_of_the_last_evaluations_and_a_context_dip_window(tmp_pat
     wsrl_plot.main([str(tmp_path), "--out", str(tmp_path / "c.png"), "--markdown", str(out), "--dip-window", "100",
                     "--context-dip-window", "1000"])
     text = out.read_text()
-    assert "the 1000-step context window is not yet past in seeds [0, 1]" in text and "within 1000 env steps" not in text
+    assert "the 1000-step context window is not past in seeds [0, 1]" in text and "within 1000 env steps" not in text
 
 
 def test_claims_are_not_assessed_on_unfinished_runs_or_unmatched_seeds(tmp_path):
