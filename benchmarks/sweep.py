@@ -197,23 +197,33 @@ def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None
                                     pass_fds=(lock.fileno(),) if os.name == "posix" else ())
 
 
+def job_config(job: Job, common: list[str]):
+    """The Config a job's command line gives its algorithm (offrl.run.parse_config, --config included); a bad
+    --config (moved, another algorithm's) is one line naming the run."""
+    import importlib
+
+    from offrl.errors import OffrlError
+    from offrl.run import parse_config
+
+    try:
+        return parse_config(importlib.import_module(f"algos.{job.algo}").Config, job.command(common)[3:])
+    except OffrlError as exc:
+        raise SystemExit(f"error: {job.run_dir}: {exc}") from None
+
+
 def option_changes(job: Job, common: list[str]) -> list[tuple[str, object, object]]:
     """For a run folder with a config.json: the options it was made with that this sweep's command line for it
     would change and a resume may not (offrl.run.config_changes: what `--resume` refuses)."""
     import importlib
 
     from offrl.config import to_dict
-    from offrl.errors import OffrlError
-    from offrl.run import config_changes, default_config, parse_config
+    from offrl.run import config_changes, default_config
 
     saved = job.run_dir / "config.json"
     if not saved.exists():
         return []
     module = importlib.import_module(f"algos.{job.algo}")
-    try:
-        cfg = parse_config(module.Config, job.command(common)[3:])
-    except OffrlError as exc:  # e.g. a variant's --config moved since the run finished
-        raise SystemExit(f"error: {job.run_dir}: {exc}") from None
+    cfg = job_config(job, common)
     if hasattr(module, "resolve_config"):  # defaults the algorithm fills in from the dataset before the run starts
         cfg = module.resolve_config(cfg)
     current = json.loads(json.dumps(to_dict(cfg), default=str))
@@ -434,17 +444,7 @@ def ray_resources(job: Job, common: list[str], threads: int) -> dict:
     starts from does)."""
     gpu = wants_gpu(common) or wants_gpu(job.extra)
     if not gpu and any(o == "--config" or o.startswith("--config=") for o in [*common, *job.extra]):
-        import importlib
-
-        from offrl.run import parse_config
-
-        from offrl.errors import OffrlError
-
-        module = importlib.import_module(f"algos.{job.algo}")
-        try:
-            gpu = parse_config(module.Config, job.command(common)[3:]).device.startswith("cuda")
-        except OffrlError as exc:
-            raise SystemExit(f"error: {job.run_dir}: {exc}") from None
+        gpu = job_config(job, common).device.startswith("cuda")
     return {"num_cpus": threads, "num_gpus": 1 if gpu else 0}
 
 
