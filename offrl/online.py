@@ -83,7 +83,7 @@ class EnvLoop:
         if "physics" not in state or physics is None:
             return
         sim, spec = physics
-        values = state["physics"].numpy()
+        values = state["physics"].cpu().numpy()  # map_location puts it on the run's device
         if values.size != mujoco.mj_stateSize(sim.model, spec):
             raise CheckpointError(f"the checkpoint's simulator state has {values.size} numbers, "
                                   f"{self.env.spec.id if self.env.spec else 'this env'} needs {mujoco.mj_stateSize(sim.model, spec)}")
@@ -92,6 +92,6 @@ class EnvLoop:
         self.env.set_wrapper_attr("_elapsed_steps", int(state["elapsed_steps"]))
         sim.np_random.bit_generator.state = json.loads(state["reset_rng"])
         self.env.action_space.np_random.bit_generator.state = json.loads(state["action_rng"])
-        self.obs = state["obs"].numpy().astype(self.env.observation_space.dtype)
+        self.obs = state["obs"].cpu().numpy().astype(self.env.observation_space.dtype)
         self.episode_return, self.episode_length = float(state["episode_return"]), int(state["episode_length"])
         self.restored_exactly = True

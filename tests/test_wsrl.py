@@ -92,7 +92,8 @@ def test_cli_pretrain_calql_then_finetune_and_reevaluate(pretrained, tmp_path):
 
 
 def test_warm_up_takes_no_gradient_step_and_acts_with_the_pretrained_policy(pretrained, tmp_path, monkeypatch):
-    cfg = config(tmp_path, pretrained, steps=100, warmup_steps=60)
+    # on the CPU: the reference acts on the CPU with the CPU random state this test saves and restores
+    cfg = config(tmp_path, pretrained, steps=100, warmup_steps=60, device="cpu")
     saved = ckpt.load(pretrained / "checkpoints" / "last.pt")["objects"]["agent"]
     reference = wsrl.WSRL(cfg, load_for_training(cfg.dataset, cfg.data), torch.device("cpu"))
     wsrl.load_pretrained(reference, str(pretrained), cfg)
