@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from algos import rcsl
-from offrl import generative
+from offrl import checkpoint as ckpt, generative
 from offrl.config import DataConfig, EvalConfig
 from offrl.data import Dataset, TrainingData, load_dataset, load_for_training
 from offrl.data.preprocess import StateNormalizer, normalize_states, refuse_weighted_sampling, state_stats
@@ -236,7 +236,7 @@ class RolloutCollector:
                 "kept": {k: v for k, v in vars(kept).items()} if kept is not None else {}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"].cpu())
+        ckpt.restore_generator(self.generator, state["generator"])
         self.epochs = int(state["epochs"])
         self.all_returns = list(torch.split(state["all_returns"], state["epoch_sizes"].tolist())) if self.epochs else []
         self.kept = [Rollouts(**state["kept"])] if state["kept"] else []
@@ -347,6 +347,7 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 
 
 def train(cfg: Config) -> dict:
+    rcsl.check_patience(cfg.rcsl.patience, "--rcsl.patience")
     refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mbrcsl", cfg.model)

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from offrl import checkpoint as ckpt
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
 from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_weighted_sampling
@@ -159,13 +160,19 @@ class ConditionedActor:
         self.timestep = self.timestep + 1
 
 
+def check_patience(patience: int, option: str = "--patience") -> None:
+    """Refused before the data loads and a run folder is made (MBRCSL: before its rollouts): 0 would stop before
+    the first hold-out check, with an untrained network."""
+    if patience < 1:
+        raise OffrlError(f"{option} {patience}: must be at least 1 (hold-out checks without improvement)")
+
+
 class RCSL:
     """Training state: the policy, its optimizer, the train/hold-out split and early stopping."""
 
     def __init__(self, cfg: Config, dataset: Dataset, normalizer: StateNormalizer, action_low, action_high,
                  device: torch.device, seed: int = 0):
-        if cfg.patience < 1:  # 0 would stop before the first hold-out check, with an untrained network
-            raise OffrlError(f"--patience {cfg.patience}: must be at least 1 (hold-out checks without improvement)")
+        check_patience(cfg.patience)
         self.cfg = cfg
         horizon = int(dataset.episode_lengths().max())
         self.policy = RCSLPolicy(dataset.obs_dim, dataset.act_dim, cfg, horizon, normalizer, action_low, action_high).to(device)
@@ -243,7 +250,7 @@ class RCSL:
                                   "another policy from its weights, so it cannot resume or evaluate it; train it again")
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"].cpu())
+        ckpt.restore_generator(self.generator, state["generator"])
         self.best_loss, self.best_state = float(state["best_loss"]), state["best_state"] or None
         self.checks_without_improvement = int(state["checks_without_improvement"])
 
@@ -310,6 +317,7 @@ def eval_policies(cfg: Config, agent: RCSL, metadata: dict, targets=None) -> dic
 
 
 def train(cfg: Config) -> dict:
+    check_patience(cfg.patience)
     refuse_reward_transform(cfg.data, "rcsl")
     refuse_weighted_sampling(cfg.data, "rcsl", "uniformly drawn rows of its training split")
     data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)

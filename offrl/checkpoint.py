@@ -300,6 +300,20 @@ def stream_seed(seed: int, stream: str) -> int:
     return int.from_bytes(digest, "little") >> 1  # torch seeds are 64-bit; keep it non-negative
 
 
+def restore_generator(generator: torch.Generator, state: torch.Tensor) -> None:
+    """Set `generator` to a saved state (`generator.get_state()`). A CPU generator's state (5056 bytes) and a
+    CUDA one's (seed and offset, 16 bytes) do not fit each other: from a checkpoint of the other device type (a
+    CUDA run resumed or evaluated on the CPU, or the other way) the stream starts afresh from a seed derived
+    from the saved state, so the run stays reproducible but does not draw what it would have on the device it
+    was saved on (`Run.steps` says so when a resume changes the device type)."""
+    state = state.cpu()  # generator states are CPU byte tensors, also for CUDA; map_location may have moved it
+    if state.numel() == generator.get_state().numel():
+        generator.set_state(state)
+        return
+    digest = hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest()
+    generator.manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
 class SeededGenerator:
     """A torch.Generator that a run checkpoints (model rollouts, TD3+BC's smoothing noise) (state_dict / load_state_dict).
     With `stream`, seeded by `stream_seed(seed, stream)`."""
@@ -312,4 +326,4 @@ class SeededGenerator:
         return {"state": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["state"].cpu())
+        restore_generator(self.generator, state["state"])

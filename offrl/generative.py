@@ -311,7 +311,7 @@ class BehaviourTrainer:
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"].cpu())
+        ckpt.restore_generator(self.generator, state["generator"])
         self.updates = int(state["updates"])
 
 

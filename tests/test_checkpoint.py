@@ -174,3 +174,66 @@ def test_an_optimizer_keeps_the_capturable_flag_it_was_built_with():
     assert on_cpu.param_groups[0]["capturable"] is False and on_cpu.state[weight]["step"] == 1
     on_cpu.step()
     assert on_cpu.state[weight]["step"] == 2
+
+
+CUDA_GENERATOR_STATE = torch.arange(16, dtype=torch.uint8)  # a CUDA generator's state: seed and offset, 16 bytes
+
+
+def test_a_generator_state_of_the_other_device_type_reseeds_the_stream():
+    """A CPU generator's state (5056 bytes) and a CUDA one's do not fit each other: loading a CUDA run's state on
+    the CPU failed. It now starts a stream seeded from the saved state, the same one each time and another for
+    another state; a state that fits still restores the stream exactly."""
+    from offrl.data.buffer import ReplayBuffer
+
+    def draws(state):
+        buffer = ReplayBuffer(3, 1, 100, "cpu", seed=7)
+        buffer.size = 100
+        buffer.load_state_dict(state)
+        return buffer.sample_index(16)
+
+    original = ReplayBuffer(3, 1, 100, "cpu", seed=5)
+    original.size = 100
+    saved = original.state_dict()
+    assert torch.equal(draws(saved), original.sample_index(16))  # fits: the same stream goes on
+    from_cuda = {**saved, "generator": CUDA_GENERATOR_STATE}
+    assert torch.equal(draws(from_cuda), draws(from_cuda))
+    assert not torch.equal(draws(from_cuda), draws({**saved, "generator": CUDA_GENERATOR_STATE.flip(0)}))
+    stream = ckpt.SeededGenerator("cpu", 0, "noise")
+    stream.load_state_dict({"state": CUDA_GENERATOR_STATE})
+    again = ckpt.SeededGenerator("cpu", 1, "noise")
+    again.load_state_dict({"state": CUDA_GENERATOR_STATE})
+    assert torch.equal(torch.rand(4, generator=stream.generator), torch.rand(4, generator=again.generator))
+
+
+def test_a_checkpoint_written_on_cuda_is_evaluated_and_resumed_on_the_cpu(tiny, tmp_path):
+    """TD3+BC's checkpoint with its generators' states as a CUDA run writes them (the replay buffer's, the
+    smoothing noise's, and the CUDA RNG): `offrl eval` on the CPU and a resume with --device cpu both work, the
+    resume saying that its random streams start afresh (both failed with 'Expected a CPUGeneratorImplState')."""
+    from conftest import PYTHON, run_cli
+
+    common = ["--dataset", tiny, "--hidden", "32", "32", "--eval.episodes", "2", "--log.wandb", "disabled",
+              "--log.no-progress", "--run.threads", "1", "--run.out-dir", str(tmp_path), "--device", "cpu"]
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "20", *common)
+    (run_dir,) = tmp_path.glob("td3_bc/*/0-*")
+    path = run_dir / "checkpoints" / "last.pt"
+    state = ckpt.load(path)
+    cpu_size = torch.Generator().get_state().numel()
+
+    def as_cuda(node):
+        if isinstance(node, dict):
+            return {k: as_cuda(v) for k, v in node.items()}
+        if isinstance(node, torch.Tensor) and node.dtype == torch.uint8 and node.numel() == cpu_size:
+            replaced.append(node)
+            return CUDA_GENERATOR_STATE.clone()
+        return node
+
+    replaced = []
+    state["objects"] = as_cuda(state["objects"])
+    assert len(replaced) >= 2  # the buffer's sampler and the target-smoothing noise
+    state["rng"]["cuda"] = [CUDA_GENERATOR_STATE.clone()]
+    ckpt.save(path, state)
+    evaluated = run_cli(PYTHON, "-m", "offrl.cli", "eval", str(run_dir), "--device", "cpu", "--episodes", "2")
+    assert "normalized" in evaluated.stdout + evaluated.stderr
+    resumed = run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "30", "--resume", str(run_dir), *common)
+    assert "written on cuda and is resumed on cpu" in resumed.stderr
+    assert (run_dir / "final.json").exists()

@@ -453,12 +453,15 @@ def test_dt_reference_init_and_decay_options(tiny):
         torch.testing.assert_close(p, c, rtol=1e-6, atol=1e-7)
 
 
-def test_rcsl_refuses_a_patience_of_zero(tiny, tmp_path):
-    """It would stop before the first hold-out check and evaluate an untrained network."""
-    result = run_cli(PYTHON, "-m", "algos.rcsl", "--patience", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
-                     check=False)
-    assert result.returncode == 1 and "--patience 0: must be at least 1" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_rcsl_and_mbrcsl_refuse_a_patience_of_zero_before_a_run_folder_is_made(tiny, tmp_path):
+    """It would stop before the first hold-out check and evaluate an untrained network (MBRCSL's: after its
+    rollouts). Refused up front: RCSL's check came after its run folder was made, MBRCSL's after the rollouts."""
+    for algo, option in (("rcsl", "--patience"), ("mbrcsl", "--rcsl.patience")):
+        result = run_cli(PYTHON, "-m", f"algos.{algo}", option, "0", "--steps", "10", "--dataset", tiny,
+                         "--run.out-dir", str(tmp_path / algo), check=False)
+        assert result.returncode == 1 and f"{option} 0: must be at least 1" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert not (tmp_path / algo).exists()
 
 
 def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_path):

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from offrl import checkpoint as ckpt
 from offrl.data.dataset import Dataset
 
 
@@ -110,7 +111,7 @@ class ReplayBuffer:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"].cpu())  # generator states are CPU byte tensors, also for CUDA
+        ckpt.restore_generator(self.generator, state["generator"])
         self.size, self.position = int(state["size"]), int(state["position"])
         if self.checkpoint_data:
             rows = state["rows"].to(self.device)

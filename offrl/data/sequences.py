@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from offrl import checkpoint as ckpt
 from offrl.data.dataset import Dataset
 
 
@@ -89,4 +90,4 @@ class SequenceBuffer:
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"].cpu())
+        ckpt.restore_generator(self.generator, state["generator"])
