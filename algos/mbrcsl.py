@@ -51,6 +51,7 @@ from offrl.config import DataConfig, EvalConfig
 from offrl.data import Dataset, TrainingData, load_dataset, load_for_training
 from offrl.data.preprocess import StateNormalizer, normalize_states, refuse_weighted_sampling, state_stats
 from offrl.errors import OffrlError
+from offrl.nets import seeded_cpu_init
 from offrl.run import Run, cli_main
 from world_models.ensemble import DynamicsEnsemble
 from world_models.config import DynamicsModelConfig
@@ -369,8 +370,7 @@ def train(cfg: Config) -> dict:
         behaviour = FixedPolicy(loaded)
     else:
         mean, std = state_stats(dataset.observations)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
+        with seeded_cpu_init(cfg.seed):
             policy = generative.build(cfg.behaviour, dataset.obs_dim, dataset.act_dim, mean, std, data.action_low,
                                       data.action_high).to(device)
         behaviour = generative.BehaviourTrainer(policy, cfg.behaviour, observations, actions, seed=cfg.seed)

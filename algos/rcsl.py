@@ -54,7 +54,7 @@ from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refu
 from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import target_policies
-from offrl.nets import autocast, mlp
+from offrl.nets import autocast, mlp, seeded_cpu_init
 from offrl.optim import AdamW
 from offrl.run import Run, cli_main
 
@@ -288,8 +288,7 @@ def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cp
     normalizer = normalizer or StateNormalizer(None, None, device)
     low = action_low if action_low is not None else dataset.actions.min(0)
     high = action_high if action_high is not None else dataset.actions.max(0)
-    with torch.random.fork_rng(devices=[]):  # the network is initialized on the CPU, then moved
-        torch.manual_seed(seed)
+    with seeded_cpu_init(seed):
         agent = RCSL(cfg, dataset, normalizer, low, high, device, seed)
     for step in range(1, cfg.steps + 1):
         with autocast(device, cfg.run.precision):

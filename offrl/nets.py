@@ -135,6 +135,17 @@ def cpu_model() -> str | None:
     return _cpuinfo("model name")
 
 
+@contextmanager
+def seeded_cpu_init(seed: int):
+    """Draw from the CPU generator seeded with `seed` (networks are initialized on the CPU, then moved), and leave
+    every generator as it was. Not `torch.manual_seed`: it also reseeds CUDA's generators (lazily, if CUDA is not
+    started yet), which `torch.random.fork_rng(devices=[])` does not restore, so a run on CUDA that built a network
+    this way went on with CUDA draws seeded by `seed` (a dynamics model's, shared by every seed's run)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
+
+
 def warn_if_emulated_bf16(precision: str, device: torch.device, option: str) -> None:
     """Print a warning when `option` asks for bf16 on a CPU that would emulate it (far slower than fp32)."""
     if precision == "bf16" and device.type == "cpu" and cpu_has_native_bf16() is False:

@@ -540,3 +540,26 @@ def test_model_error_windows_stay_inside_episodes_and_before_their_last_row():
     # a window r..r+2 must end before its episode's last row: episode 0 allows 0-1, episode 2 allows 8-16,
     # episodes 1 (length 3) and 3 (length 4 -> row 20 only) as their lengths allow
     assert rows.tolist() == [0, 1, *range(8, 17), 20]
+
+
+def test_training_a_model_leaves_every_random_generator_as_it_was(tiny, tmp_path, monkeypatch):
+    """The ensemble is initialized on the CPU from the model seed. torch.manual_seed also reseeds CUDA's generators,
+    which fork_rng(devices=[]) does not restore: a MOPO/MOBILE/RAVL run on CUDA that trained the shared model (and
+    not the seeds that loaded it from the cache) went on drawing from CUDA generators seeded by the model seed.
+    Now only the CPU generator is seeded, with the same draws, and restored after."""
+    from offrl.data import load_dataset
+    from offrl.nets import seeded_cpu_init
+    from world_models.train import load_or_train
+
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: reseeded.append(seed))
+    torch.random.default_generator.manual_seed(123)
+    before = torch.get_rng_state()
+    cfg = EnsembleConfig(members=2, elites=1, hidden=(8,), weight_decay=(0.0, 0.0), max_epochs=1)
+    load_or_train(load_dataset(tiny), cfg, seed=5, cache_dir=tmp_path, progress=False)
+    assert reseeded == [] and torch.equal(torch.get_rng_state(), before)
+    with seeded_cpu_init(7):
+        drawn = torch.rand(4)
+    torch.random.default_generator.manual_seed(7)
+    assert torch.equal(drawn, torch.rand(4))  # the draws torch.manual_seed(7) gave: models on the CPU unchanged

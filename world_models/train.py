@@ -32,7 +32,7 @@ from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
 from offrl.data.sources import NEXT_ROW, UNKNOWN_AT_EPISODE_ENDS
 from offrl.errors import CheckpointError, OffrlError
-from offrl.nets import warn_if_emulated_bf16
+from offrl.nets import seeded_cpu_init, warn_if_emulated_bf16
 from world_models.ensemble import (DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, check_config, fit,
                                    transitions_to_training)
 
@@ -77,7 +77,9 @@ def save_model(path: Path, model: DynamicsEnsemble, dataset_checksum: str, seed:
     config = asdict(model.cfg)
     if not config["compile"]:  # an eager model's file as before the option existed: older offrl versions load it
         del config["compile"]
-    return ckpt.save(path, {"format": FORMAT, "model": model.state_dict(), "obs_dim": model.obs_dim,
+    # on the host, as policy files: a model trained on CUDA loads with a plain torch.load on a machine without one
+    weights = {name: value.cpu() for name, value in model.state_dict().items()}
+    return ckpt.save(path, {"format": FORMAT, "model": weights, "obs_dim": model.obs_dim,
                             "act_dim": model.act_dim, "config": json.dumps(config), "seed": seed,
                             "dataset_checksum": dataset_checksum, **(extra or {})})
 
@@ -160,8 +162,7 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
     rows = model_rows(dataset)
     inputs, targets = transitions_to_training(dataset.observations[rows], dataset.actions[rows],
                                               dataset.rewards[rows], dataset.next_observations[rows])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_cpu_init(seed):
         model = DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg).to(device)
     trainer = EnsembleTrainer(model, inputs, targets, seed)
     if training.exists():
