@@ -366,8 +366,9 @@ class Run:
             ckpt.load_state_dicts(state, self._restored_state["objects"], str(self.resume_from))
             rng = self._restored_state["rng"]
             torch.set_rng_state(rng["torch"].cpu())  # map_location may have moved it
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
+            if "cuda" in rng and torch.cuda.is_available():  # one state per GPU the saving process saw, in order:
+                # a process that sees fewer (a 1-GPU node, CUDA_VISIBLE_DEVICES) restores those it has
+                torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"][:torch.cuda.device_count()]])
             saved_on = "cuda" if "cuda" in rng else "cpu"
             if saved_on != self.device.type:  # checkpoint.restore_generator reseeds the streams that cannot carry over
                 print(f"warning: this run's checkpoint was written on {saved_on} and is resumed on {self.device.type}: "
