@@ -25,7 +25,8 @@ the idle cores as extra threads (`--run.threads` is a setting a resume may chang
 grow, so each is restarted at most a few times; threads change float reductions, not the algorithm.
 
 With --backend ray each run is a Ray task (`pip install -e ".[ray]"`) asking for --threads CPUs (and one
-GPU when --common says `--device cuda`), on the cluster that --ray-address names (`auto`: the one
+GPU when --common says `--device cuda`: Ray hides the GPUs from a task that asks for none, so without it a
+run trains on the CPU, --device auto included; the sweep warns when the cluster has GPUs), on the cluster that --ray-address names (`auto`: the one
 `ray start` made on this machine; host:port or ray://host:10001 another; omitted: RAY_ADDRESS, else a
 Ray instance started for this sweep on this machine only). The task runs the same command line as the
 local backend, in a subprocess, so finished runs are skipped and interrupted ones continue from their
@@ -448,6 +449,16 @@ def ray_resources(job: Job, common: list[str], threads: int) -> dict:
     return {"num_cpus": threads, "num_gpus": 1 if gpu else 0}
 
 
+def hidden_gpus_warning(cluster_gpus: float, runs_without_gpu: int) -> str | None:
+    """Ray hides the GPUs from a task that asks for none (its CUDA_VISIBLE_DEVICES is empty), so there a run's
+    --device auto finds no GPU and trains on the CPU: said once, when the cluster has GPUs."""
+    if cluster_gpus > 0 and runs_without_gpu > 0:
+        return (f"warning: the cluster has {cluster_gpus:g} GPU(s), but {runs_without_gpu} run(s) ask Ray for none "
+                "(no --device cuda in their options): Ray hides the GPUs from such tasks, so they train on the CPU "
+                "(--device auto finds no GPU there); put --device cuda in --common to give each run a GPU")
+    return None
+
+
 def run_command(command: list[str], run_dir: str, log_path: str, env_updates: dict[str, str], cwd: str | None,
                 retry_diverged: bool = False) -> dict:
     """The body of a run's Ray task, on whichever node Ray picks: the local backend's command line in a
@@ -548,10 +559,14 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
         cloudpickle.register_pickle_by_value(sys.modules[run_command.__module__])  # nodes need not import benchmarks
     task = ray.remote(run_command)
     env, cwd = task_environment(), os.getcwd()
+    resources = [ray_resources(job, common, threads) for job in pending]
+    warning = hidden_gpus_warning(ray.cluster_resources().get("GPU", 0), sum(r["num_gpus"] == 0 for r in resources))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     refs = {}
-    for job in pending:
+    for job, job_resources in zip(pending, resources):
         job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        options = dict(ray_resources(job, common, threads), max_retries=max_retries, retry_exceptions=False)
+        options = dict(job_resources, max_retries=max_retries, retry_exceptions=False)
         env_job = {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         ref = task.options(**options, name=f"{job.label}-{sanitize(job.dataset)}-{job.seed}").remote(
             job.command(common, threads), str(job.run_dir), str(job.log_path), env_job, cwd, retry_diverged)

@@ -77,6 +77,9 @@ def test_a_ray_task_asks_for_its_threads_and_a_gpu_for_cuda_runs():
     assert sweep.ray_resources(job, ["--eval.every", "5", "--device", "cuda"], 2) == {"num_cpus": 2, "num_gpus": 1}
     assert sweep.ray_resources(job, ["--device=cuda:1"], 1)["num_gpus"] == 1
     assert sweep.ray_resources(job, ["--device", "cpu"], 1)["num_gpus"] == 0
+    # Ray hides the GPUs from tasks that ask for none: on a cluster with GPUs, the sweep says that such runs use the CPU
+    assert "--device cuda in --common" in sweep.hidden_gpus_warning(4, 2)
+    assert sweep.hidden_gpus_warning(0, 2) is None and sweep.hidden_gpus_warning(4, 0) is None
 
 
 def test_a_run_folder_without_a_checkpoint_is_set_aside_before_a_start(tmp_path):
