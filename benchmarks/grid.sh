@@ -149,7 +149,9 @@ if [ "$dry" != 1 ] && ! grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/nul
   slow_here=""  # the BF16 algorithms this invocation runs (ONLY may leave some out)
   for algo in $bf16; do if wanted "$algo"; then slow_here+="${slow_here:+ }$algo"; fi; done
   [ -z "$slow_here" ] || echo "warning: BF16 names $slow_here on a CPU without native bfloat16: those runs will be far slower than in fp32" >&2
-  { wanted mopo || wanted mobile || wanted ravl; } && [ "$model_precision" != fp32 ] && echo "warning: MODEL_PRECISION=bf16 on a CPU without native bfloat16: the dynamics models will train far slower than in fp32" >&2
+  if { wanted mopo || wanted mobile || wanted ravl; } && [ "$model_precision" != fp32 ]; then
+    echo "warning: MODEL_PRECISION=bf16 on a CPU without native bfloat16: the dynamics models will train far slower than in fp32" >&2
+  fi
 fi
 
 # A variant per selected algorithm: label=algo [options]; under BF16 the label gets -bf16.

@@ -426,18 +426,20 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
 
 # ---------------------------------------------------------------- Ray backend
 
-def wants_gpu(options: list[str]) -> bool:
-    """Whether a run's options put it on a CUDA device (`--device cuda`, `--device=cuda:1`)."""
+def device_options(options: list[str]) -> list[str]:
+    """The values of a run's --device options (`--device cuda`, `--device=cuda:1`)."""
+    values = []
     for i, option in enumerate(options):
         if option == "--device" and i + 1 < len(options):
-            value = options[i + 1]
+            values.append(options[i + 1])
         elif option.startswith("--device="):
-            value = option.partition("=")[2]
-        else:
-            continue
-        if value.startswith("cuda"):
-            return True
-    return False
+            values.append(option.partition("=")[2])
+    return values
+
+
+def wants_gpu(options: list[str]) -> bool:
+    """Whether a run's options put it on a CUDA device (`--device cuda`, `--device=cuda:1`)."""
+    return any(value.startswith("cuda") for value in device_options(options))
 
 
 def ray_resources(job: Job, common: list[str], threads: int) -> dict:
@@ -454,7 +456,7 @@ def hidden_gpus_warning(cluster_gpus: float, runs_without_gpu: int) -> str | Non
     --device auto finds no GPU and trains on the CPU: said once, when the cluster has GPUs."""
     if cluster_gpus > 0 and runs_without_gpu > 0:
         return (f"warning: the cluster has {cluster_gpus:g} GPU(s), but {runs_without_gpu} run(s) ask Ray for none "
-                "(no --device cuda in their options): Ray hides the GPUs from such tasks, so they train on the CPU "
+                "(neither --device cuda nor --device cpu in their options): Ray hides the GPUs from such tasks, so they train on the CPU "
                 "(--device auto finds no GPU there); put --device cuda in --common to give each run a GPU")
     return None
 
@@ -560,7 +562,9 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
     task = ray.remote(run_command)
     env, cwd = task_environment(), os.getcwd()
     resources = [ray_resources(job, common, threads) for job in pending]
-    warning = hidden_gpus_warning(ray.cluster_resources().get("GPU", 0), sum(r["num_gpus"] == 0 for r in resources))
+    chose_cpu = ["cpu" in device_options([*common, *job.extra]) for job in pending]
+    warning = hidden_gpus_warning(ray.cluster_resources().get("GPU", 0),
+                                  sum(r["num_gpus"] == 0 and not cpu for r, cpu in zip(resources, chose_cpu)))
     if warning:
         print(warning, file=sys.stderr, flush=True)
     refs = {}

@@ -300,6 +300,10 @@ def stream_seed(seed: int, stream: str) -> int:
     return int.from_bytes(digest, "little") >> 1  # torch seeds are 64-bit; keep it non-negative
 
 
+_CPU_GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()  # Mersenne Twister: 5056
+_CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed and offset
+
+
 def restore_generator(generator: torch.Generator, state: torch.Tensor) -> None:
     """Set `generator` to a saved state (`generator.get_state()`). A CPU generator's state (5056 bytes) and a
     CUDA one's (seed and offset, 16 bytes) do not fit each other: from a checkpoint of the other device type (a
@@ -307,8 +311,9 @@ def restore_generator(generator: torch.Generator, state: torch.Tensor) -> None:
     from the saved state, so the run stays reproducible but does not draw what it would have on the device it
     was saved on (`Run.steps` says so when a resume changes the device type)."""
     state = state.cpu()  # generator states are CPU byte tensors, also for CUDA; map_location may have moved it
-    if state.numel() == generator.get_state().numel():
-        generator.set_state(state)
+    sizes = {state.numel(), generator.get_state().numel()}
+    if sizes != {_CPU_GENERATOR_STATE_BYTES, _CUDA_GENERATOR_STATE_BYTES}:  # the same type, or a damaged state
+        generator.set_state(state)  # (torch refuses a state of the wrong size)
         return
     digest = hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest()
     generator.manual_seed(int.from_bytes(digest, "little") >> 1)

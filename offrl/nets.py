@@ -142,7 +142,7 @@ def seeded_cpu_init(seed: int):
     started yet), which `torch.random.fork_rng(devices=[])` does not restore, so a run on CUDA that built a network
     this way went on with CUDA draws seeded by `seed` (a dynamics model's, shared by every seed's run)."""
     with torch.random.fork_rng(devices=[]):
-        torch.random.default_generator.manual_seed(seed)
+        torch.random.default_generator.manual_seed(int(seed))  # as torch.manual_seed, numpy integers too
         yield
 
 

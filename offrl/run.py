@@ -372,8 +372,9 @@ class Run:
             saved_on = "cuda" if "cuda" in rng else "cpu"
             if saved_on != self.device.type:  # checkpoint.restore_generator reseeds the streams that cannot carry over
                 print(f"warning: this run's checkpoint was written on {saved_on} and is resumed on {self.device.type}: "
-                      "its random streams (batches, noise, rollouts) start afresh from seeds derived from the saved "
-                      f"ones, so it goes on reproducibly but not as it would have on {saved_on}", file=sys.stderr)
+                      "its random streams (batches, noise, rollouts) cannot carry over and restart from seeds (derived "
+                      "from the saved states, or the run's seed), so it goes on reproducibly but not as it would "
+                      f"have on {saved_on}", file=sys.stderr)
             self.last_checkpoint_step = self.start_step
             self._restored_state = None
             # tried again (a resume refused before this point keeps it): it says so anew if it diverges again

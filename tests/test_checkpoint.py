@@ -203,6 +203,8 @@ def test_a_generator_state_of_the_other_device_type_reseeds_the_stream():
     again = ckpt.SeededGenerator("cpu", 1, "noise")
     again.load_state_dict({"state": CUDA_GENERATOR_STATE})
     assert torch.equal(torch.rand(4, generator=stream.generator), torch.rand(4, generator=again.generator))
+    with pytest.raises(RuntimeError):  # neither device type's size: damaged, not reseeded
+        ckpt.restore_generator(torch.Generator(), torch.zeros(100, dtype=torch.uint8))
 
 
 def test_a_checkpoint_written_on_cuda_is_evaluated_and_resumed_on_the_cpu(tiny, tmp_path):

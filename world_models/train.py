@@ -78,7 +78,9 @@ def save_model(path: Path, model: DynamicsEnsemble, dataset_checksum: str, seed:
     if not config["compile"]:  # an eager model's file as before the option existed: older offrl versions load it
         del config["compile"]
     # on the host, as policy files: a model trained on CUDA loads with a plain torch.load on a machine without one
-    weights = {name: value.cpu() for name, value in model.state_dict().items()}
+    weights = model.state_dict()
+    for name, value in weights.items():  # in place: the OrderedDict and its metadata, so the same bytes on the CPU
+        weights[name] = value.cpu()
     return ckpt.save(path, {"format": FORMAT, "model": weights, "obs_dim": model.obs_dim,
                             "act_dim": model.act_dim, "config": json.dumps(config), "seed": seed,
                             "dataset_checksum": dataset_checksum, **(extra or {})})
