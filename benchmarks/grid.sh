@@ -70,6 +70,16 @@
 # its errors against the simulator at k = 1 and 10 differ from the fp32 seed-0 model's by less than the fp32
 # seeds 0 and 1 differ from each other (results/model-error-hopper-mr-grid-*; results/README).
 #
+# The grid's own command (results/grid/grid.md's caption) runs the model-based class in fp32: its BF16 names none
+# of MOPO, MOBILE and RAVL and it sets no MODEL_PRECISION, so that every CPU, native bf16 or not, runs those runs
+# and trains their dynamics models at its fp32 speed and with fp32 numerics (no model-based run had started under
+# bf16). Its first model-based runs, on the three medium-replay datasets, ran on a 2-core AMD EPYC with AVX2 and
+# no AVX-512, where bf16 is emulated (speed.py's bf16 timing of one DT and one CQL update did not finish in ten
+# minutes; fp32 at one thread: DT 429 ms, CQL 278 ms an update). There the dynamics models (fp32, compiled, 50
+# epochs, the cap, two trainings at a time) took 1236 s (hopper, 120k rows), 1564 s (walker2d, 150k) and 471 s
+# (halfcheetah, 50k), and fp32 updates at one thread beside a dataset being made measured MOPO 14.5 ms, MOBILE
+# 145 ms, RAVL 229 ms and a dynamics-model step 45 ms.
+#
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; 63 ms a step
 # in bf16 on one thread of a 2-core AMD EPYC with the other core idle, 80 ms beside a second such run; 111 ms
 # with --run.compile as CQL compiled it then; on a 2-core Xeon with AMX now 108.7 eager, 61.9 compiled) and
