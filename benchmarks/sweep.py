@@ -26,9 +26,9 @@ grow, so each is restarted at most a few times; threads change float reductions,
 
 With --backend ray each run is a Ray task (`pip install -e ".[ray]"`) asking for --threads CPUs (and one
 GPU when --common says `--device cuda`: Ray hides the GPUs from a task that asks for none, so without it a
-run trains on the CPU, --device auto included; the sweep warns when the cluster has GPUs), on the cluster that --ray-address names (`auto`: the one
-`ray start` made on this machine; host:port or ray://host:10001 another; omitted: RAY_ADDRESS, else a
-Ray instance started for this sweep on this machine only). The task runs the same command line as the
+run trains on the CPU, --device auto included; the sweep warns when the cluster has GPUs), on the cluster
+that --ray-address names (`auto`: the one `ray start` made on this machine; host:port or ray://host:10001
+another; omitted: RAY_ADDRESS, else a Ray instance started for this sweep on this machine only). The task runs the same command line as the
 local backend, in a subprocess, so finished runs are skipped and interrupted ones continue from their
 checkpoints exactly as locally; a task whose node dies is retried and resumes. Every node needs this
 checkout importable (e.g. `pip install -e .` at the same path) and the datasets under the same
@@ -456,8 +456,9 @@ def hidden_gpus_warning(cluster_gpus: float, runs_without_gpu: int) -> str | Non
     --device auto finds no GPU and trains on the CPU: said once, when the cluster has GPUs."""
     if cluster_gpus > 0 and runs_without_gpu > 0:
         return (f"warning: the cluster has {cluster_gpus:g} GPU(s), but {runs_without_gpu} run(s) ask Ray for none "
-                "(neither --device cuda nor --device cpu in their options): Ray hides the GPUs from such tasks, so they train on the CPU "
-                "(--device auto finds no GPU there); put --device cuda in --common to give each run a GPU")
+                "(neither --device cuda nor --device cpu in their options): Ray hides the GPUs from such tasks, so "
+                "they train on the CPU (--device auto finds no GPU there); put --device cuda in --common to give each "
+                "run a GPU")
     return None
 
 
@@ -562,9 +563,9 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
     task = ray.remote(run_command)
     env, cwd = task_environment(), os.getcwd()
     resources = [ray_resources(job, common, threads) for job in pending]
-    chose_cpu = ["cpu" in device_options([*common, *job.extra]) for job in pending]
-    warning = hidden_gpus_warning(ray.cluster_resources().get("GPU", 0),
-                                  sum(r["num_gpus"] == 0 and not cpu for r, cpu in zip(resources, chose_cpu)))
+    on_cpu_by_default = sum(r["num_gpus"] == 0 and "cpu" not in device_options([*common, *job.extra])
+                            for job, r in zip(pending, resources))
+    warning = hidden_gpus_warning(ray.cluster_resources().get("GPU", 0), on_cpu_by_default)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     refs = {}
