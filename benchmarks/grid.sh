@@ -75,8 +75,9 @@
 # and trains their dynamics models at its fp32 speed and with fp32 numerics (no model-based run had started under
 # bf16). Its first model-based runs, on the three medium-replay datasets, ran on a 2-core AMD EPYC with AVX2 and
 # no AVX-512, where bf16 is emulated (speed.py's bf16 timing of one DT and one CQL update did not finish in ten
-# minutes; fp32 at one thread: DT 429 ms, CQL 278 ms an update). There the dynamics models (fp32, compiled, 50
-# epochs, the cap, two trainings at a time) took 1236 s (hopper, 120k rows), 1564 s (walker2d, 150k) and 471 s
+# minutes; fp32 at one thread, beside a dataset being made for most of it: DT 429 ms, CQL 278 ms an update,
+# `python -m benchmarks.speed --algos dt cql --threads 1 --blocks 3 --per-block 5`). There the dynamics models
+# (fp32, compiled, 50 epochs, the cap, two trainings at a time) took 1236 s (hopper, 120k rows), 1564 s (walker2d, 150k) and 471 s
 # (halfcheetah, 50k), and fp32 updates at one thread beside a dataset being made measured MOPO 14.5 ms, MOBILE
 # 145 ms, RAVL 229 ms and a dynamics-model step 45 ms.
 #
