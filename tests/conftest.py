@@ -1,12 +1,13 @@
 """Shared fixtures: every test session gets its own Minari datasets folder with offrl/tiny-v0 in it."""
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+
+import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,9 +49,10 @@ def tiny(minari_root):
 
 
 def run_cli(*args, cwd=None, timeout=300, check=True):
-    """Run a command line as a user would (python -m ... / offrl ...) and return the result."""
+    """Run a command line as a user would (python -m ... / offrl ...) in a process of its own and return the
+    result; forked from a Python with torch imported where it can be (tests/forkserver.py)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run(list(args), cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    result = forkserver.run(list(args), cwd=cwd or ROOT, env=env, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}")
     return result

@@ -17,6 +17,7 @@ import torch
 
 from offrl import checkpoint as ckpt
 
+import forkserver
 from conftest import PYTHON, ROOT, VOLATILE, saved_step, tiny_model
 
 INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
@@ -31,7 +32,7 @@ ONLINE = ["-m", "algos.sac", "--env-id", "InvertedPendulum-v5", "--steps", "1000
 def launch(args, out_dir, faults=None, resume=False):
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(faults or {})}
     command = [PYTHON, INJECT, *args, "--run.out-dir", str(out_dir), *(["--resume", "latest"] if resume else [])]
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return forkserver.popen(command, cwd=ROOT, env=env)
 
 
 def finish(proc, timeout=300):

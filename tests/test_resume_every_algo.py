@@ -8,10 +8,10 @@ test_mbrcsl.py, test_wsrl.py)."""
 
 import json
 import os
-import subprocess
 
 import pytest
 
+import forkserver
 from conftest import PYTHON, ROOT, assert_reevaluation_reproduces, strip, tiny_model
 
 INJECT = str(ROOT / "tests" / "fault_injection.py")
@@ -36,8 +36,8 @@ def train(algo, out_dir, *extra, stop_at=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if stop_at is not None:
         env["FAULT_SIGTERM_AT_STEP"] = str(stop_at)
-    return subprocess.run([PYTHON, INJECT, "-m", f"algos.{algo}", *COMMON, *ALGOS[algo], "--run.out-dir", str(out_dir),
-                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return forkserver.run([PYTHON, INJECT, "-m", f"algos.{algo}", *COMMON, *ALGOS[algo], "--run.out-dir", str(out_dir),
+                           *extra], cwd=ROOT, env=env, timeout=600)
 
 
 def records(out_dir, seed=0):
