@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # to: a multi-threaded suite beside another busy process on 2 cores slows both down many times over.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+forkserver.snapshot_environment()
 
 
 @pytest.fixture(scope="session", autouse=True)

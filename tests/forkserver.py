@@ -12,8 +12,10 @@ output flushed) but without tearing down the imported modules.
 What differs from a fresh interpreter: the libraries above are imported before the command's environment is
 set, so a command whose environment differs from the server's in a variable read at import time (threads,
 PYTHON*, TORCH*, CUDA*, ...) runs as a real subprocess instead; so does anything other than `python -m MODULE`,
-`python SCRIPT.py` and `offrl`. OFFRL_TEST_SUBPROCESS=1 runs every command as a real subprocess (the suite
-as it was, slower).
+`python SCRIPT.py` and `offrl`, and whatever a test asks to run `fresh`. The children of one server share its
+string-hash seed (a fresh interpreter draws its own), so a test comparing two processes for determinism that
+set or dict-of-str order could break runs one side fresh. OFFRL_TEST_SUBPROCESS=1 runs every command as a
+real subprocess (the suite as it was, slower).
 
     python tests/forkserver.py        # the server: JSON lines in on stdin, out on stdout (started by the tests)
 """
@@ -34,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # read by libraries as they import (thread pools, allocators, paths): a command whose environment changes one
 # of these from the server's runs as a real subprocess
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "OPENBLAS", "GOTO", "NUMEXPR", "TORCH", "PYTORCH", "CUDA", "NVIDIA",
-                        "PYTHON", "LD_", "MUJOCO", "MALLOC", "HF_")
+                        "ATEN_", "DNNL_", "ONEDNN_", "PYTHON", "LD_", "MUJOCO", "MALLOC", "HF_")
+INTERRUPTED = object()  # a child's uncaught KeyboardInterrupt: it dies by SIGINT after its exit, as Python does
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "gymnasium", "gymnasium.envs.mujoco", "mujoco", "h5py",
            "minari", "tyro", "offrl.config", "offrl.nets", "offrl.data", "offrl.checkpoint", "offrl.run",
            "offrl.multiseed", "offrl.cli")
@@ -45,6 +48,20 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "gymnasium", "gy
 
 def _child(request: dict, protocol_fds: tuple[int, int]) -> None:
     """Become the command: never returns (exits with the command's exit code)."""
+    import traceback
+
+    try:
+        code = _command(request, protocol_fds)
+    except BaseException:  # noqa: BLE001 - the setup failed (a missing cwd, an early signal): never back into serve()
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+    _exit(code)
+
+
+def _command(request: dict, protocol_fds: tuple[int, int]):
     import random
     import runpy
     import traceback
@@ -66,42 +83,42 @@ def _child(request: dict, protocol_fds: tuple[int, int]) -> None:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     kind, target, args = request["kind"], request["target"], request["args"]
-    code: int = 0
     try:
         if kind == "module":  # python -m MODULE: the working directory first on sys.path
             sys.argv = [target, *args]
             sys.path[0] = os.getcwd()
+            sys.modules.pop(target, None)  # preloaded or not, it runs as __main__ only, as in a fresh process
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         elif kind == "script":  # python SCRIPT: the script's folder first on sys.path
             sys.argv = [target, *args]
             sys.path[0] = str(Path(target).resolve().parent)
             runpy.run_path(target, run_name="__main__")
-        else:  # a console script: what its generated wrapper does
+        else:  # a console script: what its generated wrapper does, its folder first on sys.path
             from importlib.metadata import entry_points
 
             (entry,) = [e for e in entry_points(group="console_scripts") if e.name == target]
             sys.argv = [request["argv0"], *args]
+            sys.path[0] = os.path.dirname(request["argv0"])
             sys.exit(entry.load()())
     except SystemExit as stop:
         if stop.code is None:
-            code = 0
-        elif isinstance(stop.code, int):
-            code = stop.code
-        else:
-            print(stop.code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:  # as Python does: the traceback, the exit, then death by SIGINT
+            return 0
+        if isinstance(stop.code, int):
+            return stop.code
+        print(stop.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
         traceback.print_exc()
-        code = -2
+        return INTERRUPTED
     except BaseException:  # noqa: BLE001 - an uncaught exception: the traceback and exit 1, as Python does
         traceback.print_exc()
-        code = 1
-    _exit(code)
+        return 1
+    return 0
 
 
-def _exit(code: int) -> None:
+def _exit(code) -> None:
     """The interpreter's exit up to its module teardown: wait for non-daemon threads, run the atexit
-    callbacks, collect, flush (code -2: then die by SIGINT, as after an uncaught KeyboardInterrupt). The teardown itself (deallocating every imported object, ~0.5 s on 2 cores)
+    callbacks, collect, flush (INTERRUPTED: then die by SIGINT, as after an uncaught KeyboardInterrupt). The teardown itself (deallocating every imported object, ~0.5 s on 2 cores)
     is skipped; all it would add is the finalizers of objects a module still holds at exit."""
     import atexit
     import gc
@@ -117,12 +134,13 @@ def _exit(code: int) -> None:
                 stream.flush()
             except Exception:  # noqa: BLE001, S110 - a closed or broken stream: nothing more to write
                 pass
-        if code == -2:
+        if code is INTERRUPTED:
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        os._exit(code)
+            code = 1
+        os._exit(code & 0xFF)
 
 
 def serve() -> None:
@@ -132,20 +150,25 @@ def serve() -> None:
     os.dup2(null, 2)
     os.close(null)
     import importlib
+    import traceback
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    def send(message: dict) -> None:
+        os.write(protocol_out, (json.dumps(message) + "\n").encode())
+
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException:  # noqa: BLE001 - told to the tests, whose stderr this process's is not
+        send({"error": traceback.format_exc()})
+        return
     import gc
 
     # the imported objects out of the collector's sight: a child's collections, and its exit's, skip them
     # (an exit otherwise spends ~1 s collecting torch's objects), and its pages stay shared with the server
     gc.freeze()
 
-    def send(message: dict) -> None:
-        os.write(protocol_out, (json.dumps(message) + "\n").encode())
-
     send({"ready": os.getpid()})
-    pending, children = b"", set()
+    pending, children = b"", {}  # pid -> request id
     while True:
         readable, _, _ = select.select([protocol_in], [], [], 0.02 if children else None)
         if readable:
@@ -161,28 +184,45 @@ def serve() -> None:
                 pid = os.fork()
                 if pid == 0:
                     _child(request, (protocol_in, protocol_out))
-                children.add(pid)
+                children[pid] = request["id"]
                 send({"id": request["id"], "pid": pid})
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                children.discard(pid)
-                send({"pid": pid, "code": os.waitstatus_to_exitcode(status)})
+                send({"id": children.pop(pid), "code": os.waitstatus_to_exitcode(status)})
 
 
 # ---------------------------------------------------------------- the tests' side
 
 
+_BASE_ENVIRONMENT: dict | None = None
+
+
+def snapshot_environment() -> None:
+    """The environment servers start from: conftest's, taken before any test changes os.environ (a server
+    started during a test that monkeypatched PYTHONPATH or a thread count would refuse every later command)."""
+    global _BASE_ENVIRONMENT
+    _BASE_ENVIRONMENT = dict(os.environ)
+
+
 class _Server:
     def __init__(self):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        base = _BASE_ENVIRONMENT if _BASE_ENVIRONMENT is not None else dict(os.environ)
+        env = {**base, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))}
         self.env = env
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      cwd=ROOT, env=env)
         self.buffer, self.codes, self.pids, self.next_id = b"", {}, {}, 0
         deadline = time.monotonic() + 300
-        while "ready" not in self._read(deadline):
-            pass
+        while True:
+            message = self._read(deadline)
+            if "ready" in message:
+                break
+            if "error" in message:
+                raise RuntimeError(f"the test fork server could not import its libraries:\n{message['error']}")
+            if not message:
+                self.proc.kill()
+                raise TimeoutError("the test fork server did not start in 300 s")
 
     def _read(self, deadline: float | None) -> dict:
         while b"\n" not in self.buffer:
@@ -195,8 +235,8 @@ class _Server:
             self.buffer += data
         line, self.buffer = self.buffer.split(b"\n", 1)
         message = json.loads(line)
-        if "code" in message:
-            self.codes[message["pid"]] = message["code"]
+        if "code" in message:  # by request id: a pid comes back once its process is gone
+            self.codes[message["id"]] = message["code"]
         elif "pid" in message:
             self.pids[message["id"]] = message["pid"]
         return message
@@ -206,21 +246,22 @@ class _Server:
             return {k: v for k, v in e.items() if k.startswith(IMPORT_TIME_PREFIXES)}
         return self.proc.poll() is None and relevant(env) == relevant(self.env)
 
-    def start(self, request: dict) -> int:
+    def start(self, request: dict) -> tuple[int, int]:
+        """(request id, pid) of a new child."""
         self.next_id += 1
         request["id"] = self.next_id
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         while self.next_id not in self.pids:
             self._read(None)
-        return self.pids.pop(self.next_id)
+        return self.next_id, self.pids.pop(self.next_id)
 
-    def returncode(self, pid: int, timeout: float | None) -> int | None:
+    def returncode(self, request_id: int, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while pid not in self.codes:
+        while request_id not in self.codes:
             if not self._read(deadline) and deadline is not None and time.monotonic() >= deadline:
                 return None
-        return self.codes[pid]
+        return self.codes.pop(request_id)
 
 
 _SERVER: _Server | None = None
@@ -238,23 +279,26 @@ class ForkedProcess:
     returncode), for a command forked by the server; its output is read when it has exited."""
 
     def __init__(self, server: _Server, args: list[str], request: dict, text: bool):
+        import weakref
+
         self.args, self._server, self._text = args, server, text
         self._folder = tempfile.mkdtemp(prefix="offrl-fork-")
+        weakref.finalize(self, shutil.rmtree, self._folder, True)  # also where communicate() is never called
         request["stdout"], request["stderr"] = (os.path.join(self._folder, name) for name in ("out", "err"))
         for name in ("out", "err"):
             Path(self._folder, name).touch()
-        self.pid = server.start(request)
+        self._id, self.pid = server.start(request)
         self.returncode: int | None = None
         self._output = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self._server.returncode(self.pid, 0)
+            self.returncode = self._server.returncode(self._id, 0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self._server.returncode(self.pid, timeout)
+            self.returncode = self._server.returncode(self._id, timeout)
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
@@ -262,9 +306,13 @@ class ForkedProcess:
     def communicate(self, timeout: float | None = None):
         self.wait(timeout)
         if self._output is None:
+            import io
+
             out, err = (Path(self._folder, name).read_bytes() for name in ("out", "err"))
             shutil.rmtree(self._folder, ignore_errors=True)
-            self._output = (out.decode(), err.decode()) if self._text else (out, err)
+            if self._text:  # as Popen(text=True) reads: the locale's encoding, universal newlines
+                out, err = (io.TextIOWrapper(io.BytesIO(data)).read() for data in (out, err))
+            self._output = (out, err)
         return self._output
 
     def send_signal(self, sig: int) -> None:
@@ -299,19 +347,22 @@ def _request(args: list[str], cwd, env: dict) -> dict | None:
     return None
 
 
-def popen(args: list[str], cwd, env: dict, text: bool = True):
-    """subprocess.Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=text), forked where it can be."""
+def popen(args: list[str], cwd, env: dict, text: bool = True, fresh: bool = False):
+    """subprocess.Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=text), forked where it can be
+    (fresh: never)."""
     args = [str(a) for a in args]
-    request = _request(args, cwd, env)
+    request = None if fresh else _request(args, cwd, env)
     server = _server() if request is not None else None
     if server is None or not server.fits(env):
         return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text)
     return ForkedProcess(server, args, request, text)
 
 
-def run(args: list[str], cwd, env: dict, timeout: float | None = None, text: bool = True) -> subprocess.CompletedProcess:
-    """subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=text, timeout=timeout), forked where it can be."""
-    proc = popen(args, cwd, env, text)
+def run(args: list[str], cwd, env: dict, timeout: float | None = None, text: bool = True,
+        fresh: bool = False) -> subprocess.CompletedProcess:
+    """subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=text, timeout=timeout), forked where it
+    can be (fresh: never)."""
+    proc = popen(args, cwd, env, text, fresh)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -6,7 +6,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import forkserver
+
+pytestmark = pytest.mark.skipif(os.environ.get("OFFRL_TEST_SUBPROCESS") == "1", reason="the suite runs no fork server")
 
 SCRIPT = """
 import atexit, os, sys, threading, time
@@ -18,6 +22,8 @@ if mode == "raise":
     raise ValueError("boom")
 if mode == "exit":
     sys.exit(3)
+if mode == "minus2":
+    sys.exit(-2)
 if mode == "message":
     sys.exit("a message")
 if mode == "interrupt":
@@ -28,8 +34,11 @@ if mode == "sleep":
 
 
 def both(args, cwd, env):
-    forked = forkserver.run(args, cwd, env, timeout=60)
-    fresh = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    """(forked, fresh) CompletedProcesses of one command line."""
+    proc = forkserver.popen(args, cwd, env)
+    assert isinstance(proc, forkserver.ForkedProcess), args
+    forked = subprocess.CompletedProcess(args, proc.wait(timeout=120), *proc.communicate())
+    fresh = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     return forked, fresh
 
 
@@ -37,15 +46,15 @@ def test_a_forked_script_exits_prints_and_fails_as_a_fresh_one(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {**forkserver._server().env, "FORK_TEST_VALUE": "42"}
-    for mode in ("ok", "raise", "exit", "message", "interrupt"):
+    for mode in ("ok", "raise", "exit", "minus2", "message", "interrupt"):
         forked, fresh = both([sys.executable, str(script), mode], tmp_path, env)
         assert forked.returncode == fresh.returncode, mode
         assert forked.stdout == fresh.stdout, mode
         assert forked.stdout.startswith(f"{tmp_path} 42 ['{mode}'] True"), forked.stdout
         assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:], (forked.stderr, fresh.stderr)
         assert ("Traceback" in forked.stderr) == ("Traceback" in fresh.stderr), mode
-    assert [forkserver.run([sys.executable, str(script), m], tmp_path, env).returncode for m in ("ok", "exit", "interrupt")] \
-        == [0, 3, -signal.SIGINT]
+    assert [forkserver.run([sys.executable, str(script), m], tmp_path, env).returncode
+            for m in ("ok", "exit", "minus2", "interrupt")] == [0, 3, 254, -signal.SIGINT]
 
 
 def test_a_forked_module_runs_as_python_dash_m(tmp_path):
@@ -54,6 +63,11 @@ def test_a_forked_module_runs_as_python_dash_m(tmp_path):
     assert forked.returncode == fresh.returncode == 0 and forked.stdout == fresh.stdout and forked.stderr == fresh.stderr
     forked, fresh = both([sys.executable, "-m", "algos.bc", "--no-such-option"], forkserver.ROOT, env)
     assert forked.returncode == fresh.returncode == 2 and forked.stderr == fresh.stderr
+    # a module the server imported runs as __main__ all the same (runpy would warn if it found it imported)
+    forked, fresh = both([sys.executable, "-m", "offrl.cli", "--help"], tmp_path, env)
+    assert forked.returncode == fresh.returncode == 0 and forked.stdout == fresh.stdout and forked.stderr == fresh.stderr == ""
+    forked, fresh = both(["offrl", "datasets", "nonsense"], tmp_path, env)  # the console script
+    assert forked.returncode == fresh.returncode != 0 and forked.stderr == fresh.stderr and forked.stderr
 
 
 def test_a_forked_process_is_signalled_and_times_out_as_a_popen(tmp_path):

@@ -33,11 +33,13 @@ ALGOS = {
 
 
 def train(algo, out_dir, *extra, stop_at=None):
+    """A run in a process of its own; a resume (--resume) in a fresh interpreter, whose string-hash seed differs
+    from the forked straight and stopped runs' (tests/forkserver.py), so order-dependent state would show."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if stop_at is not None:
         env["FAULT_SIGTERM_AT_STEP"] = str(stop_at)
     return forkserver.run([PYTHON, INJECT, "-m", f"algos.{algo}", *COMMON, *ALGOS[algo], "--run.out-dir", str(out_dir),
-                           *extra], cwd=ROOT, env=env, timeout=600)
+                           *extra], cwd=ROOT, env=env, timeout=600, fresh="--resume" in extra)
 
 
 def records(out_dir, seed=0):
