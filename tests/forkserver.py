@@ -26,6 +26,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,8 +136,6 @@ def _exit(code) -> None:
             except Exception:  # noqa: BLE001, S110 - a closed or broken stream: nothing more to write
                 pass
         if code is INTERRUPTED:
-            import signal
-
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
             code = 1
@@ -320,13 +319,9 @@ class ForkedProcess:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGTERM)
 
 
