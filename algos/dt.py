@@ -358,7 +358,7 @@ def train(cfg: Config) -> dict:
     check_config(cfg)
     refuse_reward_transform(cfg.data, "dt")
     refuse_weighted_sampling(cfg.data, "dt", "segments from uniformly drawn start rows")
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
     run = Run("dt", cfg, data)
     target = expert_target(cfg, data.metadata)
     buffer = SequenceBuffer(data.dataset, cfg.context, run.device, seed=cfg.seed, rtg_scale=cfg.rtg_scale,

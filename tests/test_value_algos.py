@@ -113,6 +113,56 @@ def test_adversarial_attack_follows_riql_attack_py():
     torch.testing.assert_close(torch.as_tensor(ours), target + para * std, rtol=0, atol=1e-5)
 
 
+
+def _pull_critics(device):
+    """Q_e(s, a) = -(a - w_e)^2 summed over dims: every step moves each row's a away from w_e."""
+    weights = torch.tensor([[0.3, -0.2], [-0.1, 0.4]], device=device)
+
+    class PullCritics:
+        def __init__(self):
+            self.device = torch.device(device)
+
+        def q(self, obs, act):
+            return -((act[None] - weights[:, None]) ** 2).sum(-1)  # [E, B]
+
+    return PullCritics()
+
+
+def test_the_adversarial_attack_runs_on_the_runs_device(tiny, monkeypatch):
+    """load_for_training hands the run's --device (resolved: 'auto' is cuda where there is one) to the
+    attack critic, and the perturbation is computed where the critic lives."""
+    from offrl.config import DataConfig
+    from offrl.data import corruption, load_for_training
+
+    seen = []
+
+    def spy(path, device="cpu"):
+        seen.append((path, device))
+        return _pull_critics(device)
+
+    monkeypatch.setattr(corruption, "AttackCritic", spy)
+    cfg = DataConfig(corrupt="actions", corruption_mode="adversarial", corruption_rate=0.02,
+                     attack_critic="critic.pt")
+    data = load_for_training(tiny, cfg, device="auto")
+    assert seen == [("critic.pt", torch.device("cuda" if torch.cuda.is_available() else "cpu"))]
+    rows = data.corruption.rows
+    assert len(rows) > 0 and not np.array_equal(data.dataset.actions[rows], load_dataset(tiny).actions[rows])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_adversarial_attack_on_cuda_matches_the_cpu():
+    rng = np.random.default_rng(4)
+    n = 64
+    data = Dataset(rng.normal(size=(n, 3)).astype(np.float32), rng.normal(size=(n, 2)).astype(np.float32),
+                   np.zeros(n, np.float32), np.zeros((n, 3), np.float32), np.zeros(n, np.float32),
+                   np.zeros(n, np.float32), np.array([0]), {"name": "attack"})
+    from offrl.data.corruption import adversarial_perturbation
+
+    rows = np.arange(0, n, 2)
+    cpu, cuda = (adversarial_perturbation(data, "actions", rows, 0.5, _pull_critics(device), np.random.default_rng(1))
+                 for device in ("cpu", "cuda"))
+    np.testing.assert_allclose(cuda, cpu, rtol=0, atol=1e-5)
+
 @pytest.mark.parametrize("algo, extra", [
     ("iql", []),
     ("iql", ["--critic-loss", "hl-gauss", "--actor", "deterministic", "--data.sampling", "return-weighted"]),

@@ -17,7 +17,7 @@ adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d
              action (RIQL's own next-observation attack fails at its HEAD: its actor returns a tuple);
              rewards: r <- -range * r.
              The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac, with its state
-             normalization), trained on the clean data by this project.
+             normalization), trained on the clean data by this project, and runs on the run's device.
 Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
 checkpoint is accepted here; rows are attacked in chunks of 50k instead of 10 chunks (each row's
 steps depend only on its own gradient; the step's 1e-8 sits beside a gradient scaled by the chunk's
@@ -63,7 +63,12 @@ class Corruption:
 
 
 def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.3, scale: float = 1.0, seed: int = 0,
-            critic_checkpoint: str | None = None, attack_steps: int = 100, chunk_size: int = 50_000) -> tuple[Dataset, Corruption]:
+            critic_checkpoint: str | None = None, attack_steps: int = 100, chunk_size: int = 50_000,
+            device: torch.device | str = "cpu") -> tuple[Dataset, Corruption]:
+    """`field` of a `rate` fraction of the rows (drawn from `seed`) corrupted as RIQL's attack.py does; an
+    adversarial attack on observations or actions runs the critic on `device` ('auto', 'cpu', 'cuda', ...:
+    a run passes its own), whose float rounding can move a perturbation that sits on a sign flip of the
+    gradient, so CPU and CUDA need not give the same bytes."""
     if field not in FIELDS:
         raise OffrlError(f"--data.corrupt {field}: choose one of {', '.join(FIELDS)}")
     if not 0.0 <= rate <= 1.0:
@@ -85,8 +90,10 @@ def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.
             if critic_checkpoint is None:
                 raise OffrlError("adversarial corruption of observations, actions or next observations needs "
                                  "--data.attack-critic <offrl training checkpoint trained on the clean data>")
-            values[rows] = adversarial_perturbation(dataset, field, rows, scale, critic_checkpoint, rng,
-                                                    attack_steps, chunk_size)
+            from offrl.config import resolve_device
+
+            attacker = AttackCritic(critic_checkpoint, resolve_device(str(device)))
+            values[rows] = adversarial_perturbation(dataset, field, rows, scale, attacker, rng, attack_steps, chunk_size)
     else:
         raise OffrlError(f"--data.corruption-mode {mode}: choose random or adversarial")
     info = Corruption(field, mode, rate, scale, seed, rows, clean[rows].copy())
@@ -146,18 +153,20 @@ def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, sca
                              checkpoint: "str | AttackCritic", rng: np.random.Generator, steps: int = 100,
                              chunk_size: int = 50_000) -> np.ndarray:
     """x + p * std(x) with p in [-scale, scale]^d minimizing the critics' mean Q (RIQL's attack: a fresh
-    Adam step, i.e. a sign-gradient step, per iteration, projected back into the box)."""
+    Adam step, i.e. a sign-gradient step, per iteration, projected back into the box). Runs on the attack
+    critic's device (CPU for a path or a critic without one); the starting points are drawn on the CPU."""
     attacker = AttackCritic(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+    device = getattr(attacker, "device", torch.device("cpu"))
     clean = getattr(dataset, field)
-    std = torch.as_tensor(clean.std(0, dtype=np.float64), dtype=torch.float32)
+    std = torch.as_tensor(clean.std(0, dtype=np.float64), dtype=torch.float32).to(device)
     out = np.empty((len(rows), clean.shape[1]), np.float32)
     generator = torch.Generator().manual_seed(int(rng.integers(2**31)))
     for start in range(0, len(rows), chunk_size):
         index = rows[start:start + chunk_size]
-        obs = torch.as_tensor(dataset.observations[index])
-        actions = torch.as_tensor(dataset.actions[index])
-        target = torch.as_tensor(clean[index])
-        p = (torch.rand(target.shape, generator=generator) * 2 - 1) * scale * std
+        obs = torch.as_tensor(dataset.observations[index], device=device)
+        actions = torch.as_tensor(dataset.actions[index], device=device)
+        target = torch.as_tensor(clean[index], device=device)
+        p = (torch.rand(target.shape, generator=generator).to(device) * 2 - 1) * scale * std
         for _ in range(steps):
             p.requires_grad_(True)
             perturbed = target + p * std
@@ -170,7 +179,7 @@ def adversarial_perturbation(dataset: Dataset, field: str, rows: np.ndarray, sca
             (grad,) = torch.autograd.grad(q.mean(), p)
             with torch.no_grad():  # a fresh Adam's first step: m_hat = g, v_hat = g^2
                 p = (p - 0.01 * scale * grad / (grad.abs() + 1e-8)).clamp(-scale, scale)
-        out[start:start + len(index)] = (target + p * std).numpy()
+        out[start:start + len(index)] = (target + p * std).cpu().numpy()
     return out
 
 
