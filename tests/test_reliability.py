@@ -183,8 +183,9 @@ def test_a_second_signal_stops_at_once(tiny, tmp_path):
 
 TINY_MODEL = [*tiny_model(max_epochs=2), "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
 ALGORITHM_ARGS = {
-    "bc": [], "td3_bc": ["--hidden", "32", "32"], "iql": [], "cql": ["--hidden", "32", "32"], "riql": [],
-    "dt": ["--embed-dim", "32", "--layers", "1", "--heads", "1", "--batch-size", "16"], "rcsl": [],
+    "bc": ["--hidden", "32", "32"], "td3_bc": ["--hidden", "32", "32"], "iql": ["--hidden", "32", "32"],
+    "cql": ["--hidden", "32", "32"], "riql": ["--hidden", "32", "32"],
+    "dt": ["--embed-dim", "32", "--layers", "1", "--heads", "1", "--batch-size", "16"], "rcsl": ["--hidden", "64", "64"],
     "sac": ["--env-id", "InvertedPendulum-v5", "--learning-starts", "10", "--actor-every", "0", "--hidden", "32", "32"],
     "wsrl": ["--checkpoint", "none", "--warmup-steps", "10", "--batch-size", "8", "--hidden", "32", "32",
              "--buffer-size", "100"],
