@@ -16,7 +16,9 @@ alpha 1 when tuned (the official `train.py` starts log alpha at 0; its config's 
 value where tuning is off, as docs/FACTS.md says), batch 256, gamma 0.99, tau 5e-3, real ratio 0.05, M = 10, rollouts of 50k states every 1000
 steps kept for 5 rounds, 3M steps; (h, beta) and the other per-task settings from the official table
 (hopper medium-replay: h 5, beta 0.1, alpha fixed at 0.2; the random levels too: h 5, beta 0.5, 5.0 and 2.0
-for halfcheetah, hopper and walker2d). Other data: h 5, beta 1.0, alpha tuned. The dynamics models train
+for halfcheetah, hopper and walker2d), also for any other dataset named by the same env and level (the offrl
+suite's, Minari's mujoco/hopper/medium-v0: `world_models.config.dataset_setting`). Other data: h 5, beta 1.0,
+alpha tuned. The dynamics models train
 without an epoch cap (early stopping only) but on walker2d medium (30), as the official configs; OfflineRL-Kit's
 `run_mobile.py` caps every task at 30 epochs, so its models can train for fewer epochs than these.
 

@@ -19,8 +19,9 @@ Defaults (docs/FACTS.md section 9, OfflineRL-Kit's `run_mopo.py`): SAC 2 x 256, 
 3e-4, alpha lr 1e-4 from alpha 1 with target entropy -|A|, batch 256, gamma 0.99, tau 5e-3, real
 ratio 0.05, rollouts of 50k states every 1000 steps kept for 5 rounds, 3M steps. (h, lambda) per
 dataset from OfflineRL-Kit's v2 table (hopper medium-replay: 5, 2.5), and for the random level, which that
-table lacks, the official configs' (halfcheetah 5, 0.5; hopper 5, 1.0; walker2d 1, 1.0); also used for the
-offrl suite's datasets of the same env and level; on any other data h = 5, lambda = 1.0 unless given. The
+table lacks, the official configs' (halfcheetah 5, 0.5; hopper 5, 1.0; walker2d 1, 1.0); also used for any
+other dataset named by the same env and level (the offrl suite's, Minari's mujoco/hopper/medium-v0, D4RL
+-v0/-v1: `world_models.config.dataset_setting`); on any other data h = 5, lambda = 1.0 unless given. The
 official code trains 1M steps (its per-env epoch table is never read, see docs/FACTS.md section 9),
 OfflineRL-Kit and this one 3M.
 

@@ -27,7 +27,9 @@ the same MBPO ensemble; the official RAVL code trains it otherwise: a 20% holdou
 at least 350 and at most 2000 epochs with the learning rate cut by 0.3 at the first plateau before 350,
 separate state and action scalers (statistics over the holdout too; the states' from the first observation
 and all next observations) with inputs clipped to +-10, members reshuffled over the bootstrap samples every
-epoch, and weights initialized from a normal truncated at 2 std. Batches and rollout starts are drawn with
+epoch, and weights initialized from a normal truncated at 2 std; and it trains on d4rl.qlearning_dataset's
+rows, whose s' on a terminal row is the next episode's first state, where this one uses the recorded s'
+(OfflineRL-Kit's qlearning_dataset). Batches and rollout starts are drawn with
 replacement (the official buffer draws without).
 """
 

@@ -106,6 +106,13 @@ def test_mobile_and_mopo_per_dataset_settings():
     # D4RL's own file names have underscores (they fell back to the default setting)
     assert dataset_setting("/data/d4rl/hopper_medium_replay-v2.hdf5", mopo.SETTINGS, mopo.DEFAULT_SETTING) == (5, 2.5)
     assert dataset_setting("walker2d_medium-v2.hdf5", SETTINGS, DEFAULT_SETTING) == (5, 0.5, True, None, 30)
+    # Minari's names of the same env and level too, and a level is not read as a longer one that ends with it
+    assert dataset_setting("mujoco/hopper/medium-v0", mopo.SETTINGS, mopo.DEFAULT_SETTING) == \
+        dataset_setting("hopper-medium-v2", mopo.SETTINGS, mopo.DEFAULT_SETTING)
+    assert dataset_setting("mujoco/hopper/medium-expert-v0", SETTINGS, DEFAULT_SETTING) == \
+        dataset_setting("hopper-medium-expert-v2", SETTINGS, DEFAULT_SETTING) != \
+        dataset_setting("hopper-expert-v2", SETTINGS, DEFAULT_SETTING)
+    assert dataset_setting("mujoco/hopper/simple-v0", SETTINGS, DEFAULT_SETTING) == DEFAULT_SETTING
 
 
 def test_mobile_smoke(tiny, tmp_path, model_cache):

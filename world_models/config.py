@@ -60,8 +60,9 @@ class ModelBasedConfig(DynamicsModelConfig):
 
 def dataset_setting(name: str, table: dict[tuple[str, str], tuple], default: tuple) -> tuple:
     """An algorithm's per-dataset setting for a name such as offrl/hopper/medium-replay-v0, hopper-medium-replay-v2
-    or a D4RL file's own name, hopper_medium_replay-v2.hdf5 (the suite's datasets take D4RL's entry of the same env
-    and level)."""
+    or a D4RL file's own name, hopper_medium_replay-v2.hdf5: any name that holds the env and level followed by a
+    version (with '/' and '_' read as '-') takes D4RL's entry of that env and level, so the offrl suite's
+    datasets, Minari's mujoco/hopper/medium-v0 and D4RL's older -v0/-v1 names do too."""
     text = name.lower().replace("/", "-").replace("_", "-")
     for (env, level), setting in table.items():
         if f"{env}-{level}-v" in text:
