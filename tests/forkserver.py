@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "OPENBLAS", "GOTO", "NUMEXPR", "TORCH", "PYTORCH", "CUDA", "NVIDIA",
                         "ATEN_", "DNNL_", "ONEDNN_", "PYTHON", "LD_", "MUJOCO", "MALLOC", "HF_")
 INTERRUPTED = object()  # a child's uncaught KeyboardInterrupt: it dies by SIGINT after its exit, as Python does
-PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "gymnasium", "gymnasium.envs.mujoco", "mujoco", "h5py",
-           "minari", "tyro", "offrl.config", "offrl.nets", "offrl.data", "offrl.checkpoint", "offrl.run",
-           "offrl.multiseed", "offrl.cli")
+# torch._dynamo: torch imports it at a process's first backward pass (~1.5 s of CPU in every training command)
+PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch._dynamo", "gymnasium", "gymnasium.envs.mujoco",
+           "mujoco", "h5py", "minari", "minari.dataset._storages.hdf5_storage", "tyro", "offrl.config", "offrl.nets",
+           "offrl.data", "offrl.data.suite", "offrl.checkpoint", "offrl.run", "offrl.multiseed", "offrl.cli")
 
 
 # ---------------------------------------------------------------- the server
