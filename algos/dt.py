@@ -29,7 +29,9 @@ tables in results/ were made so: every layer keeps PyTorch's default init, where
 their linear weights from N(0, 0.02) with zero biases (`--reference-init`; the embeddings and the action head
 keep PyTorch's init there too; CORL re-initializes every Linear and Embedding that way); and AdamW's decay skips
 biases, LayerNorms and the timestep embedding (minGPT's grouping), where the official code and CORL decay every
-parameter (`--decay-all`).
+parameter (`--decay-all`). From a D4RL file, a last episode the file cuts off unfinished is kept (its returns-to-go
+sum only its recorded rewards, and its states enter the statistics), where the official code and CORL drop it
+(at most one episode).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class Config(TrainConfig):
     locomotion files (hopper 3600/1800, walker2d 5000/2500, halfcheetah 12000/6000); on data without published
     targets, the dataset's ref_max_score and half of it."""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=10_000, episodes=100))
-    """Evaluation every 10k steps with 100 episodes at each target (CORL's DT)."""
+    """Evaluation every 10k steps with 100 episodes at each target (the official code: 10 iterations of 10k steps;
+    CORL's per-dataset configs evaluate every 5000)."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_states=True, state_norm_eps=1e-6,
                                                                 d4rl_trajectories=True))
     """Preprocessing: states standardized (eps 1e-6; CORL's DT); D4RL .hdf5 files read as recorded episodes."""

@@ -7,7 +7,9 @@
   row is drawn uniformly over all rows, which is DT's "episode with probability proportional to its
   length, then a uniform start"; a segment that runs past its episode's end is shortened and
   padded on the left (states 0, actions -10, returns-to-go 0, timestep 0, mask 0), as DT does (its states
-  are padded with 0 before normalizing, so -mean/std there; masked out of attention and loss either way).
+  are padded with 0 before normalizing, so -mean/std there; masked out of attention and loss either way;
+  algos/dt.py then zeroes the padded actions in the unit box before its model sees them, which the masks make
+  the same).
 """
 
 from __future__ import annotations
