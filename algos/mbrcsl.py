@@ -1,5 +1,5 @@
 """MBRCSL: model-based return-conditioned supervised learning ("Free from Bellman Completeness: Trajectory
-Stitching via Model-based Return-conditioned Supervised Learning", Zhou et al., NeurIPS 2023).
+Stitching via Model-based Return-conditioned Supervised Learning", Zhou et al., ICLR 2024).
 
 RCSL alone cannot stitch: it imitates the data's trajectories, so it cannot beat the best of them by
 joining the good half of one to the good half of another. MBRCSL lets a model do the joining:
@@ -20,7 +20,10 @@ steps, 200 rollouts a batch (each as long as the env's time limit), 100 trajecto
 rollout batches; RCSL 1024-1024, lr 5e-5,
 weight decay 0.1, batch 256, 10% hold-out. Deviations: the diffusion network is an eighth of the
 reference's width and trains 20k steps at its stated learning rate (offrl.generative explains why);
-RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient, states and
+RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient (not a small
+difference: at lr 5e-5 AdamW shrinks a weight by ~5% over 10k steps, while the reference's 0.1 * w, where it
+outweighs the loss's gradient, moves a weight toward 0 by up to lr a step, so its fit to the kept rollouts is
+far more regularized), states and
 returns are normalized (the reference feeds raw ones), returns-to-go are divided by the kept returns' largest magnitude
 (so conditioning lies in about [-1, 1]; `return_scale`) and early stopping (1% rule, patience 5) checks every 500 steps
 from the start instead of every epoch from epoch 80. RCSL's budget is steps (10k), the reference's epochs

@@ -1,5 +1,5 @@
 """RCSL: return-conditioned supervised learning with an MLP (RvS-R, Emmons et al. ICLR 2022; the
-RCSL policy of MBRCSL, Zhou et al. NeurIPS 2023).
+RCSL policy of MBRCSL, Zhou et al. ICLR 2024).
 
 pi(a | s, omega) is trained by supervised learning on dataset actions, conditioned on how much
 return is still to come:
@@ -15,7 +15,8 @@ out; every `holdout_every` steps the hold-out loss is measured, the best weights
 by more than 1% (relative) and training stops after `patience` checks without improvement (MBRCSL's rule).
 At evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted step
 by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does (`--average-goal
-updated` recomputes it each step); `--eval-targets` sweeps several targets and reports the score of each.
+updated` recomputes it each step; H is the data's longest episode, in training as in RvS, where RvS's
+evaluation divides by the env's time limit: the same when some episode of the data runs to the limit); `--eval-targets` sweeps several targets and reports the score of each.
 With no hold-out (`--holdout-ratio 0`, or too few transitions for one row) there is no early stopping and
 the last weights are the policy, as in MBRCSL's trainer.
 
@@ -26,10 +27,11 @@ module's, so the network's inputs lie near unit scale on any env; `--data.no-nor
 gives the references' raw inputs);
 RvS-R itself is `--conditioning average --head gaussian` (its loss is the Gaussian's negative
 log-likelihood). Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
-xavier_uniform, gain 1e-2, bias 0); the Gaussian head's log-std depends on the input (RvS's is one
+xavier_uniform, gain 1e-2, bias 0; RvS, on Stable-Baselines3's policy, draws orthogonal weights, gain sqrt(2)
+on hidden layers and 0.01 on the action layer, with its log-std starting at 0); the Gaussian head's log-std depends on the input (RvS's is one
 parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
 without stopping early (MBRCSL's trainer then keeps the last); early stopping applies from the first check,
-where MBRCSL's maze runs start it at epoch 80 (algos/mbrcsl.py follows that) and its other runs, and RvS
+where MBRCSL's maze runs start it at epoch 80 (algos/mbrcsl.py too checks from the start) and its other runs, and RvS
 (no validation split, 2000 epochs at batch 16384), train their whole budget. The default target is the
 dataset's best episode return (MBRCSL conditions on the best return of its data).
 

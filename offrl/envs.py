@@ -7,7 +7,7 @@ This is Gymnasium's Ant-v4 without contact forces (the same model, rewards and h
 contact cost) with 84 zeros appended to each observation. Gymnasium's Ant-v5 observes 105 numbers
 (non-zero contact forces, the world body's left out) and charges a contact cost.
 
-`offrl/PointMazeStitch-v0`: MBRCSL's point-maze stitching task (Zhou et al., NeurIPS 2023;
+`offrl/PointMazeStitch-v0`: MBRCSL's point-maze stitching task (Zhou et al., ICLR 2024;
 docs/FACTS.md section 8), on gymnasium-robotics' PointMaze (`pip install -e ".[maze]"`):
 
     map (1 = wall)          start S = cell (1, 2), goal G = cell (2, 4), 200 steps, no termination

@@ -1,5 +1,5 @@
 """The point-maze stitching dataset, `offrl/pointmaze/umaze-stitch-v0` (MBRCSL's point-maze data,
-Zhou et al. NeurIPS 2023; docs/FACTS.md section 8), made by a scripted waypoint controller in
+Zhou et al. ICLR 2024; docs/FACTS.md section 8), made by a scripted waypoint controller in
 `offrl/PointMazeStitch-v0` (offrl.envs).
 
 Four groups of `episodes_per_group` episodes of 200 steps, all from the start cell S = (1, 2):
