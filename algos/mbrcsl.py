@@ -20,7 +20,8 @@ steps, 200 rollouts a batch (each as long as the env's time limit), 100 trajecto
 rollout batches; RCSL 1024-1024, lr 5e-5,
 weight decay 0.1, batch 256, 10% hold-out. Deviations: the diffusion network is an eighth of the
 reference's width and trains 20k steps at its stated learning rate (offrl.generative explains why);
-RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient (not a small
+RCSL uses AdamW (decoupled decay) where the reference adds 0.1 * w to Adam's gradient
+(`--rcsl.no-decoupled-weight-decay` does as the reference; not a small
 difference: at lr 5e-5 AdamW shrinks a weight by ~5% over 10k steps, while the reference's 0.1 * w, where it
 outweighs the loss's gradient, moves a weight toward 0 by up to lr a step, so its fit to the kept rollouts is
 far more regularized), states and
@@ -69,9 +70,12 @@ class RCSLOptions:
     hidden: tuple[int, ...] = (1024, 1024)
     """Hidden layer widths."""
     lr: float = 5e-5
-    """AdamW learning rate."""
+    """Adam learning rate."""
     weight_decay: float = 0.1
-    """AdamW weight decay."""
+    """Weight decay (AdamW's, decoupled, unless --rcsl.no-decoupled-weight-decay)."""
+    decoupled_weight_decay: bool = True
+    """AdamW's decoupled decay; --rcsl.no-decoupled-weight-decay adds weight_decay * w to the gradient before Adam
+    normalizes it, as the reference does (torch.optim.Adam with weight_decay 0.1)."""
     batch_size: int = 256
     """Transitions per gradient step."""
     holdout_ratio: float = 0.1
@@ -324,7 +328,7 @@ def return_scale(returns: np.ndarray) -> float:
 def rcsl_config(cfg: Config, rtg_scale: float) -> rcsl.Config:
     o = cfg.rcsl
     return rcsl.Config(steps=cfg.steps, batch_size=o.batch_size, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay,
-                       conditioning="rtg", head="deterministic", rtg_scale=rtg_scale, holdout_ratio=o.holdout_ratio,
+                       decoupled_weight_decay=o.decoupled_weight_decay, conditioning="rtg", head="deterministic", rtg_scale=rtg_scale, holdout_ratio=o.holdout_ratio,
                        holdout_every=o.holdout_every, patience=o.patience, run=cfg.run)
 
 

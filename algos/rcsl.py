@@ -57,7 +57,7 @@ from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import target_policies
 from offrl.nets import autocast, mlp, seeded_cpu_init
-from offrl.optim import AdamW
+from offrl.optim import Adam, AdamW
 from offrl.run import Run, cli_main
 
 
@@ -72,7 +72,11 @@ class Config(TrainConfig):
     lr: float = 1e-3
     """Adam learning rate."""
     weight_decay: float = 0.0
-    """AdamW weight decay (MBRCSL's point maze: 0.1 with lr 5e-5)."""
+    """Weight decay (MBRCSL's point maze: 0.1 with lr 5e-5)."""
+    decoupled_weight_decay: bool = True
+    """AdamW's decoupled decay (w <- w - lr * weight_decay * w beside the Adam step); --no-decoupled-weight-decay
+    adds weight_decay * w to the gradient before Adam normalizes it, as torch.optim.Adam(weight_decay=...) and
+    MBRCSL's reference do (a far stronger pull toward 0 at a small learning rate)."""
     conditioning: Literal["rtg", "average"] = "rtg"
     """Condition on the return-to-go (RCSL) or the average reward-to-go (RvS-R)."""
     average_goal: Literal["fixed", "updated"] = "fixed"
@@ -188,8 +192,9 @@ class RCSL:
         self.holdout = torch.as_tensor(order[:n_holdout], device=device)
         self.train_rows = torch.as_tensor(order[n_holdout:], device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.optimizer = AdamW(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                               fused=torch.device(device).type in ("cpu", "cuda"))
+        optimizer = AdamW if cfg.decoupled_weight_decay else Adam
+        self.optimizer = optimizer(self.policy.net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                   fused=torch.device(device).type in ("cpu", "cuda"))
         self.best_loss, self.best_state, self.checks_without_improvement = float("inf"), None, 0
 
     def update(self, batch_size: int) -> dict[str, torch.Tensor]:

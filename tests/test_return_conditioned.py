@@ -355,6 +355,37 @@ def test_rcsl_without_a_holdout_trains_every_step_and_keeps_its_last_weights():
         agent.load_state_dict({k: v for k, v in saved.items() if k != "head"})
 
 
+@pytest.mark.parametrize("decoupled, reference", [(True, torch.optim.AdamW), (False, torch.optim.Adam)])
+def test_rcsl_weight_decay_is_adamws_or_the_gradients_l2(decoupled, reference):
+    """--decoupled-weight-decay (default) steps as torch's AdamW; --no-decoupled-weight-decay as torch's Adam with
+    weight_decay, the decay added to the gradient (MBRCSL's reference: Adam, weight decay 0.1)."""
+    from algos.mbrcsl import Config as MBRCSLConfig, rcsl_config
+    from algos.rcsl import RCSL
+
+    n = 32
+    rng = np.random.default_rng(5)
+    obs = rng.normal(size=(n, 3)).astype(np.float32)
+    dataset = Dataset(obs, rng.uniform(-1, 1, size=(n, 2)).astype(np.float32), np.ones(n, np.float32), obs,
+                      np.zeros(n, np.float32), np.eye(1, n, n - 1, dtype=np.float32)[0], np.array([0]),
+                      {"name": "decay"}).validate()
+    cfg = RCSLConfig(hidden=(16,), steps=5, batch_size=8, lr=1e-2, weight_decay=0.1, holdout_ratio=0.0,
+                     decoupled_weight_decay=decoupled)
+    agent = RCSL(cfg, dataset, StateNormalizer(None, None, torch.device("cpu")), [-1.0] * 2, [1.0] * 2, "cpu", 0)
+    copy = [p.detach().clone().requires_grad_(True) for p in agent.policy.net.parameters()]
+    expected = reference(copy, lr=1e-2, weight_decay=0.1)
+    for _ in range(5):
+        agent.update(cfg.batch_size)
+        for p, q in zip(copy, agent.policy.net.parameters()):
+            p.grad = q.grad.clone()
+        expected.step()
+        for p, q in zip(copy, agent.policy.net.parameters()):
+            torch.testing.assert_close(q.detach(), p.detach(), rtol=1e-5, atol=1e-6)
+    mb = MBRCSLConfig()
+    assert rcsl_config(mb, 1.0).decoupled_weight_decay is True
+    mb.rcsl.decoupled_weight_decay = False
+    assert rcsl_config(mb, 1.0).decoupled_weight_decay is False
+
+
 @pytest.mark.parametrize("algo, extra", [
     ("dt", ["--context", "5", "--embed-dim", "32", "--batch-size", "8", "--warmup-steps", "10", "--eval.episodes", "3"]),
     ("rcsl", ["--hidden", "32", "--holdout-every", "40", "--eval-targets", "200", "100", "--eval.episodes", "2"]),
