@@ -265,7 +265,9 @@ def build(cfg: BehaviourConfig, obs_dim: int, act_dim: int, obs_mean, obs_std, a
 
 class BehaviourTrainer:
     """AdamW on the behaviour-cloning loss over (raw state, action) tensors on the device, with an EMA copy
-    of the weights for the diffusion policy (what it samples with)."""
+    of the weights for the diffusion policy (what it samples with): decay min((1 + n) / (10 + n), 0.9999) after
+    update n, from n = 0 (the reference's `ema.py` uses decay 0 at its first step, then this schedule: only the
+    first update's averaging differs)."""
 
     def __init__(self, policy: BehaviourPolicy, cfg: BehaviourConfig, observations: torch.Tensor, actions: torch.Tensor,
                  seed: int = 0):
