@@ -98,7 +98,7 @@ def kept(data: TrainingData) -> dict:
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, select=selection(cfg), seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, select=selection(cfg), seed=cfg.seed)
     run = Run("bc", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed, reads_next_observations=False)
     agent = BC(cfg, data, run.device)

@@ -360,7 +360,7 @@ Agent = CQL
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("cql", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     returns_to_go = torch.as_tensor(mc_returns(data.dataset, cfg.gamma, cfg.calql_sparse_failure), device=run.device) if cfg.calql else None

@@ -30,8 +30,9 @@ their linear weights from N(0, 0.02) with zero biases (`--reference-init`; the e
 keep PyTorch's init there too; CORL re-initializes every Linear and Embedding that way); and AdamW's decay skips
 biases, LayerNorms and the timestep embedding (minGPT's grouping), where the official code and CORL decay every
 parameter (`--decay-all`). From a D4RL file, a last episode the file cuts off unfinished is kept (its returns-to-go
-sum only its recorded rewards, and its states enter the statistics), where the official code and CORL drop it
-(at most one episode).
+sum only its recorded rewards), where the official code and CORL leave it out of training; its states enter the
+state statistics, as in CORL (statistics over every row), where the official code's leave them out (at most one
+episode).
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ def train(cfg: Config) -> dict:
     check_config(cfg)
     refuse_reward_transform(cfg.data, "dt")
     refuse_weighted_sampling(cfg.data, "dt", "segments from uniformly drawn start rows")
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("dt", cfg, data)
     target = expert_target(cfg, data.metadata)
     buffer = SequenceBuffer(data.dataset, cfg.context, run.device, seed=cfg.seed, rtg_scale=cfg.rtg_scale,

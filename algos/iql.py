@@ -215,7 +215,7 @@ Agent = IQL
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("iql", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     agent = IQL(cfg, data, run.device)

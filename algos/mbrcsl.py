@@ -290,7 +290,7 @@ class EvalAgent:
 
 
 def eval_setup(cfg: Config, device: torch.device) -> tuple[EvalAgent, dict]:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     return EvalAgent(cfg, data, device), data.metadata
 
 
@@ -357,7 +357,7 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 def train(cfg: Config) -> dict:
     rcsl.check_patience(cfg.rcsl.patience, "--rcsl.patience")
     refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mbrcsl", cfg.model)
     behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps
     run = Run("mbrcsl", cfg, data, total_steps=behaviour_steps + cfg.steps)

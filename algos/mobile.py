@@ -154,7 +154,7 @@ def resolve_config(cfg: Config) -> Config:
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mobile", cfg.model)
     horizon, penalty_coef, tune_alpha, real_ratio, _ = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon

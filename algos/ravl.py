@@ -144,7 +144,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "ravl", cfg.model)
     horizon = cfg.rollout_length or 5
     run = Run("ravl", cfg, data)

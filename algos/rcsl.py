@@ -308,7 +308,7 @@ def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cp
 
 def eval_setup(cfg: Config, device: torch.device) -> tuple[RCSL, dict]:
     """For `offrl eval`: the agent as `train` builds it; pins the default target (the data's best return)."""
-    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=device)
+    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     if not cfg.eval_targets:
         cfg.eval_targets = (float(data.dataset.episode_returns().max()),)
     return RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(device), data.action_low, data.action_high,
@@ -326,7 +326,7 @@ def train(cfg: Config) -> dict:
     check_patience(cfg.patience)
     refuse_reward_transform(cfg.data, "rcsl")
     refuse_weighted_sampling(cfg.data, "rcsl", "uniformly drawn rows of its training split")
-    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("rcsl", cfg, data)
     agent = RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(run.device), data.action_low,
                  data.action_high, run.device, cfg.seed)

@@ -177,7 +177,7 @@ Agent = RIQL
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("riql", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     agent = RIQL(cfg, data, run.device)

@@ -170,7 +170,7 @@ Agent = TD3BC
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("td3_bc", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed)
     agent = TD3BC(cfg, data, run.device)

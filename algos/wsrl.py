@@ -318,7 +318,7 @@ def check_config(cfg: Config) -> None:
 
 def train(cfg: Config) -> dict:
     check_config(cfg)
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     pretrained = from_pretrained(cfg)
     path = pretrained_path(cfg.checkpoint, cfg.seed) if pretrained else None
     # a checkpoint that does not fit is refused before a run folder is made (a resumed run restores its own

@@ -507,7 +507,7 @@ def measure_run(algo: str, args, threads: int, runs_dir: Path) -> dict:
     def time_updates(rounds: int) -> list[float]:
         nonlocal data
         torch.set_num_threads(threads)
-        data = data or load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, device=cfg.device)
+        data = data or load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
         return [time_algorithm(algo, resolve_device(cfg.device), args.warmup, args.blocks, args.per_block,
                                cfg=copy.deepcopy(cfg), data=data, precision=cfg.run.precision)["median_ms"]
                 for _ in range(rounds)]

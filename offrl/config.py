@@ -69,6 +69,11 @@ class DataConfig:
     """Seed that picks the corrupted rows and the noise (default: the run's seed)."""
     attack_critic: Optional[str] = None
     """Adversarial corruption: an offrl training checkpoint (iql, cql, td3_bc, sac) trained on the clean data."""
+    attack_device: str = "cpu"
+    """Where the adversarial attack's critic runs: 'cpu', 'cuda', 'cuda:1', 'auto' (cuda when available). The
+    attack is float work, so another device can give other bytes: the run records the corrupted data's checksum
+    and refuses a resume whose data differ. The default keeps the attack on the CPU whatever --device is, so a
+    run can move between CPU and GPU; a run resumes with the attack device it started with."""
 
 
 @dataclass

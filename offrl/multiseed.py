@@ -356,7 +356,7 @@ def train(algo: str, make_seeds: Callable[[list, Any, torch.device], Any], cfg, 
     from offrl.data import load_for_training
 
     cfgs = seed_configs(cfg)
-    data = load_for_training(cfg.dataset, cfg.data, select=select, seed=cfgs[0].seed, device=cfg.device)
+    data = load_for_training(cfg.dataset, cfg.data, select=select, seed=cfgs[0].seed)
     runs = SeedRuns(algo, cfgs, data)
     seeds = make_seeds(cfgs, data, runs.device)
     for step in runs.steps(seeds.states, after_restore=seeds.batch.restack):

@@ -128,9 +128,10 @@ def _pull_critics(device):
     return PullCritics()
 
 
-def test_the_adversarial_attack_runs_on_the_runs_device(tiny, monkeypatch):
-    """load_for_training hands the run's --device (resolved: 'auto' is cuda where there is one) to the
-    attack critic, and the perturbation is computed where the critic lives."""
+def test_the_adversarial_attack_runs_on_the_attack_device(tiny, monkeypatch):
+    """load_for_training hands --data.attack-device (resolved: 'auto' is cuda where there is one; the CPU by
+    default, whatever the run's --device) to the attack critic, and the perturbation is computed where the
+    critic lives."""
     from offrl.config import DataConfig
     from offrl.data import corruption, load_for_training
 
@@ -138,15 +139,18 @@ def test_the_adversarial_attack_runs_on_the_runs_device(tiny, monkeypatch):
 
     def spy(path, device="cpu"):
         seen.append((path, device))
-        return _pull_critics(device)
+        return _pull_critics("cpu")  # computes on the CPU: the test checks what it was handed
 
     monkeypatch.setattr(corruption, "AttackCritic", spy)
     cfg = DataConfig(corrupt="actions", corruption_mode="adversarial", corruption_rate=0.02,
                      attack_critic="critic.pt")
-    data = load_for_training(tiny, cfg, device="auto")
-    assert seen == [("critic.pt", torch.device("cuda" if torch.cuda.is_available() else "cpu"))]
+    data = load_for_training(tiny, cfg)
     rows = data.corruption.rows
     assert len(rows) > 0 and not np.array_equal(data.dataset.actions[rows], load_dataset(tiny).actions[rows])
+    for attack_device, expected in (("meta", "meta"), ("auto", "cuda" if torch.cuda.is_available() else "cpu")):
+        cfg.attack_device = attack_device
+        load_for_training(tiny, cfg)
+    assert seen == [("critic.pt", torch.device(d)) for d in ("cpu", "meta", expected)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

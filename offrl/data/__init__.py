@@ -70,11 +70,10 @@ class TrainingData:
         return buffer
 
 
-def load_for_training(source: str, data_cfg, select=None, seed: int = 0, device="cpu") -> TrainingData:
+def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> TrainingData:
     """Load (making an offrl suite dataset if missing), check it against its evaluation env's
     spaces, apply `select` (a Dataset -> Dataset filter, e.g. %BC's top trajectories) and then the
-    preprocessing `data_cfg` asks for, so statistics come from the data actually trained on. `device`
-    (the run's --device) is where an adversarial corruption's attack critic runs."""
+    preprocessing `data_cfg` asks for, so statistics come from the data actually trained on."""
     from offrl.data import preprocess, suite
     from offrl.evaluation import make_env
 
@@ -102,7 +101,8 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0, device=
 
         seed_used = data_cfg.corruption_seed if data_cfg.corruption_seed is not None else seed
         dataset, corruption = corrupt(dataset, data_cfg.corrupt, data_cfg.corruption_mode, data_cfg.corruption_rate,
-                                      data_cfg.corruption_range, seed_used, data_cfg.attack_critic, device=device)
+                                      data_cfg.corruption_range, seed_used, data_cfg.attack_critic,
+                                      device=data_cfg.attack_device)
     weights = None
     if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
         weights = preprocess.return_weights(dataset, data_cfg.return_temperature, max_episode_steps)

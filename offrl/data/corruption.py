@@ -17,7 +17,8 @@ adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d
              action (RIQL's own next-observation attack fails at its HEAD: its actor returns a tuple);
              rewards: r <- -range * r.
              The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac, with its state
-             normalization), trained on the clean data by this project, and runs on the run's device.
+             normalization), trained on the clean data by this project; it runs on the CPU unless
+             --data.attack-device says otherwise.
 Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
 checkpoint is accepted here; rows are attacked in chunks of 50k instead of 10 chunks (each row's
 steps depend only on its own gradient; the step's 1e-8 sits beside a gradient scaled by the chunk's
@@ -66,8 +67,8 @@ def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.
             critic_checkpoint: str | None = None, attack_steps: int = 100, chunk_size: int = 50_000,
             device: torch.device | str = "cpu") -> tuple[Dataset, Corruption]:
     """`field` of a `rate` fraction of the rows (drawn from `seed`) corrupted as RIQL's attack.py does; an
-    adversarial attack on observations or actions runs the critic on `device` ('auto', 'cpu', 'cuda', ...:
-    a run passes its own), whose float rounding can move a perturbation that sits on a sign flip of the
+    adversarial attack on observations or actions runs the critic on `device` ('cpu', 'cuda', 'auto', ...:
+    --data.attack-device), whose float rounding can move a perturbation that sits on a sign flip of the
     gradient, so CPU and CUDA need not give the same bytes."""
     if field not in FIELDS:
         raise OffrlError(f"--data.corrupt {field}: choose one of {', '.join(FIELDS)}")
