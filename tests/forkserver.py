@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # read by libraries as they import (thread pools, allocators, paths): a command whose environment changes one
 # of these from the server's runs as a real subprocess
 IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "OPENBLAS", "GOTO", "NUMEXPR", "TORCH", "PYTORCH", "CUDA", "NVIDIA",
-                        "ATEN_", "DNNL_", "ONEDNN_", "PYTHON", "LD_", "MUJOCO", "MALLOC", "HF_")
+                        "ATEN_", "DNNL_", "ONEDNN_", "PYTHON", "LD_", "MUJOCO", "MALLOC", "HF_",
+                        "CXX", "INDUCTOR", "AOT_INDUCTOR", "CI")  # torch._inductor.config, imported with torch._dynamo
 INTERRUPTED = object()  # a child's uncaught KeyboardInterrupt: it dies by SIGINT after its exit, as Python does
 # torch._dynamo: torch imports it at a process's first backward pass (~1.5 s of CPU in every training command)
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch._dynamo", "gymnasium", "gymnasium.envs.mujoco",
