@@ -328,8 +328,9 @@ def return_scale(returns: np.ndarray) -> float:
 def rcsl_config(cfg: Config, rtg_scale: float) -> rcsl.Config:
     o = cfg.rcsl
     return rcsl.Config(steps=cfg.steps, batch_size=o.batch_size, hidden=o.hidden, lr=o.lr, weight_decay=o.weight_decay,
-                       decoupled_weight_decay=o.decoupled_weight_decay, conditioning="rtg", head="deterministic", rtg_scale=rtg_scale, holdout_ratio=o.holdout_ratio,
-                       holdout_every=o.holdout_every, patience=o.patience, run=cfg.run)
+                       decoupled_weight_decay=o.decoupled_weight_decay, conditioning="rtg", head="deterministic",
+                       rtg_scale=rtg_scale, holdout_ratio=o.holdout_ratio, holdout_every=o.holdout_every,
+                       patience=o.patience, run=cfg.run)
 
 
 def best_episode_return(cfg: Config, data: TrainingData) -> float:

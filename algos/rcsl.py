@@ -16,7 +16,8 @@ by more than 1% (relative) and training stops after `patience` checks without im
 At evaluation omega starts from a target return and, for RCSL, the return received so far is subtracted step
 by step; RvS-R keeps its goal omega = target / H fixed for the episode, as RvS does (`--average-goal
 updated` recomputes it each step; H is the data's longest episode, in training as in RvS, where RvS's
-evaluation divides by the env's time limit: the same when some episode of the data runs to the limit); `--eval-targets` sweeps several targets and reports the score of each.
+evaluation divides by the env's time limit: the same when some episode of the data runs to the limit);
+`--eval-targets` sweeps several targets and reports the score of each.
 With no hold-out (`--holdout-ratio 0`, or too few transitions for one row) there is no early stopping and
 the last weights are the policy, as in MBRCSL's trainer.
 
@@ -28,8 +29,8 @@ gives the references' raw inputs);
 RvS-R itself is `--conditioning average --head gaussian` (its loss is the Gaussian's negative
 log-likelihood). Deviations: PyTorch's default initialization (MBRCSL draws its last layer with
 xavier_uniform, gain 1e-2, bias 0; RvS, on Stable-Baselines3's policy, draws orthogonal weights, gain sqrt(2)
-on hidden layers and 0.01 on the action layer, with its log-std starting at 0); the Gaussian head's log-std depends on the input (RvS's is one
-parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
+on hidden layers and 0.01 on the action layer, with its log-std starting at 0); the Gaussian head's log-std
+depends on the input (RvS's is one parameter per action dimension); the best hold-out weights are kept also when training runs to --steps
 without stopping early (MBRCSL's trainer then keeps the last); early stopping applies from the first check,
 where MBRCSL's maze runs start it at epoch 80 (algos/mbrcsl.py too checks from the start) and its other runs, and RvS
 (no validation split, 2000 epochs at batch 16384), train their whole budget. The default target is the

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
 from offrl.errors import OffrlError
 
@@ -91,8 +92,6 @@ def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.
             if critic_checkpoint is None:
                 raise OffrlError("adversarial corruption of observations, actions or next observations needs "
                                  "--data.attack-critic <offrl training checkpoint trained on the clean data>")
-            from offrl.config import resolve_device
-
             attacker = AttackCritic(critic_checkpoint, resolve_device(str(device)))
             values[rows] = adversarial_perturbation(dataset, field, rows, scale, attacker, rng, attack_steps, chunk_size)
     else:
