@@ -8,6 +8,13 @@ score). Their 95% confidence intervals come from rliable.library.get_interval_es
 bootstrap (seeds resampled within each task), percentile method. Performance profiles (the fraction of
 runs scoring above tau, with CIs) from rliable.library.create_performance_profile.
 
+A bootstrap calls its function once per replicate (2000 by default, per table row), so two of rliable's
+functions are given in a form that returns the same floats with less Python around them: the IQM calls
+scipy's trim_mean under its argument wrapper (which took 85% of each call), and the performance profile's
+score distribution compares the scores with every tau at once instead of rliable's np.vectorize over taus.
+Tests compare both with rliable's bit for bit; the committed grid table regenerates byte for byte in half
+the time (37 s instead of 75 s here).
+
 rliable draws its bootstrap indices from numpy's global RNG and ignores its `random_state`, so each call
 here seeds that RNG with `seed` (and restores the caller's RNG state afterwards): a given score array gets
 the same CI whatever else is computed, and a table regenerates byte-for-byte. rliable is the optional extra
@@ -77,8 +84,28 @@ def trim_mean(scores: np.ndarray) -> float:
     return float(scipy_trim_mean(scores, proportiontocut=0.25, axis=None))
 
 
+def _unwrapped_trim_mean():
+    """scipy.stats.trim_mean without scipy's nan-policy/axis wrapper, or None. rliable's aggregate_iqm is
+    scipy.stats.trim_mean(scores, 0.25, axis=None); the wrapper around it costs ~0.2 ms a call (inspect.signature
+    and argument checks), 85% of the call, and a bootstrap calls it once per replicate. On finite scores it
+    returns the same float (the same partition and mean of the same raveled array: tests compare the two)."""
+    try:
+        from scipy.stats import trim_mean as scipy_trim_mean
+    except ImportError:
+        return None
+    return getattr(scipy_trim_mean, "__wrapped__", None)
+
+
+_UNWRAPPED_TRIM_MEAN = _UNLOADED
+
+
 def aggregate_iqm(scores: np.ndarray) -> float:
+    global _UNWRAPPED_TRIM_MEAN
     if _lib() is not None:
+        if _UNWRAPPED_TRIM_MEAN is _UNLOADED:
+            _UNWRAPPED_TRIM_MEAN = _unwrapped_trim_mean()
+        if _UNWRAPPED_TRIM_MEAN is not None and np.isfinite(scores).all():  # nan: the wrapper's nan policy decides
+            return float(_UNWRAPPED_TRIM_MEAN(scores, 0.25, axis=None))
         return float(_RLIABLE[1].aggregate_iqm(scores))
     return trim_mean(scores)
 
@@ -158,6 +185,11 @@ def tau_grid(score_arrays: list[np.ndarray], points: int = 101) -> np.ndarray:
     return np.linspace(min(0.0, float(np.floor(values.min()))), max(GAMMA, float(np.ceil(values.max()))), points)
 
 
+def _score_distribution(scores: np.ndarray, taus: np.ndarray) -> np.ndarray:
+    """Fraction of a (runs, tasks) array's scores above each tau: rliable.library.score_distributions."""
+    return (scores[..., None] > taus).mean(axis=(0, 1))
+
+
 def performance_profile(scores: np.ndarray, taus: np.ndarray, reps: int = REPS, seed: int = SEED,
                         confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray]:
     """(fraction of runs scoring above each tau, [lower; upper] CIs): rliable's score distribution
@@ -166,9 +198,13 @@ def performance_profile(scores: np.ndarray, taus: np.ndarray, reps: int = REPS, 
     taus = np.asarray(taus, dtype=np.float64)
     with _seeded(seed):
         if _lib() is None:
-            return _bootstrap(scores, lambda s: (s[..., None] > taus).mean(axis=(0, 1)), reps, confidence)
+            return _bootstrap(scores, lambda s: _score_distribution(s, taus), reps, confidence)
+        # rliable's score distribution (score_distributions: np.mean(scores > tau) per tau, an np.vectorize
+        # of Python calls) as one array comparison: the same counts over the same n, so the same floats, ~200x
+        # faster a replicate. rliable's bootstrap draws the replicates as it does for its own function.
         profiles, cis = _RLIABLE[0].create_performance_profile(
-            {"x": scores}, taus, method="percentile", reps=reps, confidence_interval_size=confidence)
+            {"x": scores}, taus, custom_profile_func=_score_distribution, method="percentile", reps=reps,
+            confidence_interval_size=confidence)
     return np.asarray(profiles["x"], dtype=np.float64), np.asarray(cis["x"], dtype=np.float64)
 
 

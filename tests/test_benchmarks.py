@@ -57,6 +57,24 @@ def test_rliable_and_the_fallback_give_the_same_numbers(monkeypatch):
 
 
 @pytest.mark.skipif(not importable("rliable"), reason="rliable is not installed (pip install -e '.[stats]')")
+def test_the_fast_per_replicate_functions_equal_rliables_bit_for_bit():
+    """A bootstrap replicate's IQM skips scipy's argument wrapper and its score distribution is one array
+    comparison: both must give exactly rliable's floats (ties, shapes, integer-valued scores), nan stays nan."""
+    from rliable import library, metrics
+
+    rng = np.random.default_rng(0)
+    for i in range(2000):
+        scores = rng.normal(50, 30, (int(rng.integers(1, 7)), int(rng.integers(1, 10))))
+        if i % 3 == 0:
+            scores = np.round(scores / 10) * 10  # ties
+        assert stats.aggregate_iqm(scores) == metrics.aggregate_iqm(scores)
+        taus = stats.tau_grid([scores], points=int(rng.integers(2, 40)))
+        np.testing.assert_array_equal(stats._score_distribution(scores, taus), library.score_distributions(scores, taus))
+    assert stats._UNWRAPPED_TRIM_MEAN is not None  # else the fast path was never taken
+    assert np.isnan(stats.aggregate_iqm(np.array([[1.0, np.nan], [2.0, 3.0]])))
+
+
+@pytest.mark.skipif(not importable("rliable"), reason="rliable is not installed (pip install -e '.[stats]')")
 def test_a_table_without_rliable_has_the_same_numbers(monkeypatch):
     run = {"final": 50.0, "best": 60.0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
            "env": {"processor": "x86_64", "cpu_count": 2, "device": "cpu"}, "wall": None, "threads": 1}
