@@ -1,8 +1,10 @@
 """The dataset suite's machinery on a small stand-in: random-init SAC-shaped actors for
 InvertedPendulum-v5 with a manifest of the same format as the real behaviour policies."""
 
+import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -82,6 +84,13 @@ def test_all_levels_made_listed_and_consistent(policy_root):
     assert info["actions"] == "sampled"
     again = run_cli("offrl", "datasets", "make", "--all").stdout
     assert "offrl/pendulum/random-v0: already made" in again
+    # --all also made MBRCSL's point-maze stitching data (the optional extra installed): its recipe regenerates
+    # the committed reference's bytes (the stand-in's checksums.json has none, so compare with the package's)
+    if importlib.util.find_spec("gymnasium_robotics") is None:
+        assert f"{suite.STITCH_ID}: skipped, it needs gymnasium-robotics" in out
+    else:
+        committed = json.loads((Path(suite.__file__).resolve().parents[1] / "assets" / "policies" / "checksums.json").read_text())
+        assert suite.stored_info(suite.STITCH_ID)["checksum"] == committed[suite.STITCH_ID]
 
 
 def test_make_warns_when_this_machine_does_not_regenerate_the_reference(policy_root, capsys):
