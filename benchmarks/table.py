@@ -274,12 +274,13 @@ def hardware_of(groups: dict, runs: list[dict]) -> str:
         hardware = "by row: " + "; ".join(f"{rows_on(labels)}: {description}" for description, labels in machines.items())
     threads = sorted({r["threads"] for r in runs}, key=str)
     if threads == [1]:
-        hardware += ", one thread per run"
+        clause = "one thread per run"
     else:  # config.json holds the last process's setting; a resume may change it (sweep --spread-threads)
         counts = ", ".join(f"{sum(r['threads'] == t for r in runs)} at {t or 'torch default'}" for t in threads)
-        hardware += (f", threads per run as last resumed: {counts} (a resume may add threads; that changes float "
-                     "reductions, not the algorithm)")
-    return hardware
+        clause = (f"threads per run as last resumed: {counts} (a resume may add threads; that changes float "
+                  "reductions, not the algorithm)")
+    # by row, the clause would read as the last machine's: it counts every row's runs
+    return f"{hardware}, {clause}" if len(machines) == 1 else f"{hardware}. All rows: {clause}"
 
 
 def steps_cell(row: dict) -> str:

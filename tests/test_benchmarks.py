@@ -521,7 +521,7 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
               ("cql", "d"): [{**run, "seed": s, "run_dir": f"cql{s}", "env": gpu} for s in range(2)]}
     caption = table.render(groups, "t", None)
     assert ("Hardware: by row: bc: x86_64, 16 cores, device cpu; torch 2.11.0; "
-            "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0") in caption
+            "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0. All rows: one thread per run.") in caption
     same = table.render({("bc", "d"): groups[("bc", "d")]}, "t", None)
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in same
     # CPU model names once every run recorded one; a run from before offrl recorded it hides them all
