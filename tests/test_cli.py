@@ -186,6 +186,12 @@ def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys):
                      "--cache-dir", str(tmp_path / "models"), check=False)
     assert result.returncode != 0 and "--model.holdout-ratio 0" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+    from offrl.errors import OffrlError
+    from world_models.ensemble import EnsembleConfig, check_config
+
+    with pytest.raises(OffrlError, match="--model.max-epochs 0: at least 1"):  # elites from untrained weights
+        check_config(EnsembleConfig(max_epochs=0), training=True)
+    check_config(EnsembleConfig(max_epochs=1), training=True)
 
 
 @pytest.mark.parametrize("algo, warns", [("sac", True), ("td3_bc", False)])

@@ -73,7 +73,8 @@ class EnsembleConfig:
     """Weight of the log-variance bound term 0.01 (sum max_logvar - sum min_logvar)."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Training steps in float32, or under bfloat16 autocast (hidden-layer matmuls in bf16; weights, optimizer
-    state, the output layer, the holdout check and every later use of the model stay float32). A deviation from
+    state, the output layer and the holdout check stay float32; so do rollouts, except MOBILE's penalty under
+    `--run.precision bf16`, which runs the model under the run's autocast: offrl/config.py). A deviation from
     the references, which train in float32; worth it only on a CPU with native bfloat16 or a GPU. It enters the
     model's cache key only as bf16, so float32 models keep the keys they had."""
     compile: bool = False
@@ -91,6 +92,10 @@ def check_config(cfg: EnsembleConfig, training: bool = False) -> None:
                          f"{len(cfg.weight_decay)}")
     if not 0 < cfg.elites <= cfg.members:
         raise OffrlError(f"--model.elites {cfg.elites}: must be in 1..--model.members ({cfg.members})")
+    if training and cfg.max_epochs is not None and cfg.max_epochs < 1:
+        # 0 would stop before the first epoch and pick elites from the initial weights (OfflineRL-Kit reads 0 as
+        # no cap; here that is leaving the option out)
+        raise OffrlError(f"--model.max-epochs {cfg.max_epochs}: at least 1 (leave it out for early stopping only)")
     if training and not (0 < cfg.holdout_ratio < 1 and cfg.max_holdout >= 1):
         # elites are picked, and training stops, on the hold-out error
         raise OffrlError(f"--model.holdout-ratio {cfg.holdout_ratio} --model.max-holdout {cfg.max_holdout}: a "
