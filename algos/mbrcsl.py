@@ -59,7 +59,7 @@ from offrl.nets import seeded_cpu_init
 from offrl.run import Run, cli_main
 from world_models.ensemble import DynamicsEnsemble
 from world_models.config import DynamicsModelConfig
-from world_models.rollout import ModelData, load_dynamics, model_step
+from world_models.rollout import ModelData, load_dynamics, model_step, model_summary
 from world_models.termination import TerminationFn
 
 
@@ -410,7 +410,7 @@ def train(cfg: Config) -> dict:
         summary = collector.summary()
         run.log_values(done_step + 1, summary)
         if collector.kept_count == 0:  # the record of what was made, marked failed: a sweep runs it again
-            run.finish({**summary, "model_file": model_file, "failed": "no rollout passed the threshold"})
+            run.finish({**summary, **model_summary(model_file, model), "failed": "no rollout passed the threshold"})
             raise OffrlError(f"mbrcsl: none of {summary['rollouts/made']} rollouts passed the threshold {threshold:.2f} "
                              f"(best rollout return {summary.get('rollouts/return_max', float('nan')):.2f}); RCSL was "
                              "not trained. Lower --threshold or raise --max-rollout-epochs")
@@ -454,11 +454,11 @@ def train(cfg: Config) -> dict:
         summary = collect_rollouts(behaviour_steps)
         run.checkpoint(behaviour_steps, state, force=True)  # a resume with more --steps trains RCSL on them
         print(f"mbrcsl: --steps 0, RCSL not trained; {collector.kept_count} kept rollouts in {run.dir / 'rollouts.npz'}")
-        return run.finish({**summary, "model_file": model_file})
+        return run.finish({**summary, **model_summary(model_file, model)})
     agent.restore_best()
     target = agent.target_return
     run.evaluate(step, agent.policy.actor(target), data.metadata, force=True)
-    return run.finish({**collector.summary(), "target_return": target, "model_file": model_file,
+    return run.finish({**collector.summary(), "target_return": target, **model_summary(model_file, model),
                        "rcsl_steps": step - behaviour_steps, "best_holdout_loss": agent.best_holdout_loss})
 
 

@@ -42,7 +42,7 @@ from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
-from world_models.rollout import ModelData, bellman_penalty, benchmark_model_data, real_rows
+from world_models.rollout import ModelData, model_summary, bellman_penalty, benchmark_model_data, real_rows
 
 # (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (docs/FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
@@ -176,7 +176,7 @@ def train(cfg: Config) -> dict:
         run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
-    return run.finish({"model_file": model_file, "rollout_length": horizon, "penalty_coef": penalty_coef,
+    return run.finish({**model_summary(model_file, model_data.model), "rollout_length": horizon, "penalty_coef": penalty_coef,
                        "tune_alpha": tune_alpha, "real_ratio": real_ratio})
 
 

@@ -44,7 +44,7 @@ from offrl.data import TrainingData, load_for_training
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
-from world_models.rollout import ModelData, aleatoric_penalty, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, aleatoric_penalty, benchmark_model_data
 
 # (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (docs/FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
@@ -101,7 +101,7 @@ def train(cfg: Config) -> dict:
         run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
-    return run.finish({"model_file": model_file, "rollout_length": horizon, "penalty_coef": penalty_coef})
+    return run.finish({**model_summary(model_file, model_data.model), "rollout_length": horizon, "penalty_coef": penalty_coef})
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, soft
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
-from world_models.rollout import ModelData, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, benchmark_model_data
 
 
 @dataclass
@@ -160,7 +160,7 @@ def train(cfg: Config) -> dict:
         run.log(step, {**metrics, **model_data.last_rollout.metrics})
         run.evaluate(step, agent.act, data.metadata)
         run.checkpoint(step, state)
-    return run.finish({"model_file": model_file, "rollout_length": horizon})
+    return run.finish({**model_summary(model_file, model_data.model), "rollout_length": horizon})
 
 
 if __name__ == "__main__":

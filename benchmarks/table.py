@@ -105,7 +105,8 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
             "curve": sorted(curve.items()), "finished": max(times, default=None), "data_checksum": data_checksum,
-            "failed": final.get("failed")}
+            "failed": final.get("failed"), "dynamics_model": final.get("dynamics_model"),
+            "model_based": "model_file" in final}
 
 
 def collect(roots: Path | list[Path], metrics: list[str] | None = None,
@@ -252,6 +253,63 @@ def differing_data(groups: dict) -> dict[str, dict]:
             for dataset, sums in sorted(by_dataset.items()) if len(sums) > 1}
 
 
+def dynamics_models(groups: dict) -> dict:
+    """The dynamics models the model-based rows rolled out, from their runs' final.json records
+    (world_models.train.model_record): one entry per dataset and model file hash, with the rows that used it,
+    and per dataset the runs that recorded no model (made before offrl recorded it). Empty without such runs."""
+    models: dict[tuple[str, str], dict] = {}
+    unrecorded: dict[str, int] = defaultdict(int)
+    for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for r in _by_seed(rs):
+            record = r.get("dynamics_model")
+            if record is None:
+                unrecorded[dataset] += bool(r.get("model_based"))
+                continue
+            key = (dataset, record.get("sha256") or "file replaced")
+            if key not in models:
+                training = record.get("training") or {}
+                elites = [record["holdout_mse"][i] for i in record["elites"]]
+                models[key] = {"dataset": dataset, "sha256": record.get("sha256"), "epochs": record.get("epochs"),
+                               "elite_holdout_mse": _number(float(np.mean(elites))), "elites": record["elites"],
+                               "cpu_hours": training.get("cpu_seconds", 0) / 3600 if training else None,
+                               "wall_hours": training.get("wall_seconds", 0) / 3600 if training else None,
+                               "timed_from_epoch": training.get("timed_from_epoch"),
+                               "machine": machine_of(training["environment"], bool(training["environment"].get("cpu_model")))
+                               if training.get("environment") else None, "rows": {}}
+            models[key]["rows"][label] = models[key]["rows"].get(label, 0) + 1
+    if not models:
+        return {}
+    return {"models": list(models.values()), "unrecorded_runs": {d: n for d, n in unrecorded.items() if n}}
+
+
+def dynamics_models_section(entry: dict) -> list[str]:
+    """Markdown lines on the dynamics models of the model-based rows (none without recorded models)."""
+    if not entry:
+        return []
+    lines = ["", "## Dynamics models", "",
+             "The ensembles the model-based rows rolled out (`python -m world_models.train`; cached per dataset, "
+             "config and seed, so a dataset's rows share one), as their runs recorded them: the model file's "
+             "SHA-256 (first 16 digits), its training epochs (early stopping or the cap), the mean hold-out MSE of "
+             "its elites (mean over the hold-out rows and the predicted [Δs, r] dimensions), and its training "
+             "time over every process that trained it: CPU hours (all threads; pauses not counted) and wall hours "
+             "(pauses, e.g. while a test suite ran, counted), timed from the epoch given (a training begun before "
+             "offrl timed it is timed from where it continued).", "",
+             "| dataset | model | epochs | elite hold-out MSE | CPU hours | wall hours | timed from epoch | trained on | rows (runs) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    hours = lambda h: "n/a" if h is None else f"{h:.2f}"  # noqa: E731
+    for m in entry["models"]:
+        model = f"`{m['sha256']}`" if m["sha256"] else "file replaced since"
+        mse = "n/a" if m["elite_holdout_mse"] is None else f"{m['elite_holdout_mse']:.4g}"
+        rows = ", ".join(f"{label} ({n})" for label, n in m["rows"].items())
+        lines.append(f"| {m['dataset']} | {model} | {m['epochs'] if m['epochs'] is not None else 'n/a'} | {mse} | "
+                     f"{hours(m['cpu_hours'])} | {hours(m['wall_hours'])} | "
+                     f"{'n/a' if m['timed_from_epoch'] is None else m['timed_from_epoch']} | {m['machine'] or 'n/a'} | {rows} |")
+    if entry["unrecorded_runs"]:
+        lines += ["", "Model-based runs that recorded no model (finished before offrl recorded it): "
+                  + ", ".join(f"{d}: {n}" for d, n in entry["unrecorded_runs"].items()) + "."]
+    return lines
+
+
 def hardware_of(groups: dict, runs: list[dict]) -> str:
     # machine description -> row label -> the datasets that label ran there
     machines: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -327,6 +385,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
     differing = differing_data(groups)
     if differing:  # the key only where needed: tables made before it regenerate byte for byte
         out["differing_data"] = differing
+    models = dynamics_models(groups)
+    if models:  # likewise: only tables with runs that recorded their dynamics model
+        out["dynamics_models"] = models
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rs = _by_seed(rs)
         final = np.array([r["final"] for r in rs], dtype=np.float64)
@@ -453,6 +514,7 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
     lines += differing_data_section(summary.get("differing_data", {}))
     lines += diverged_section(summary.get("diverged", []))
+    lines += dynamics_models_section(summary.get("dynamics_models", {}))
     lines += ["", "## Aggregate over datasets", "",
               "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
               "datasets), mean (of the per-dataset means) and optimality gap (100 minus the mean of min(score, 100): "

@@ -512,6 +512,25 @@ def test_table_caption_states_threads_a_resume_changed():
     assert "one thread per run" in table.render({("bc", "d"): runs[:2]}, "t", None)
 
 
+def test_table_lists_the_dynamics_models_the_model_based_rows_rolled_out():
+    """Model-based runs' final.json records (world_models.train.model_record) become one line per dataset and
+    model file, with the rows that used it; runs from before the record are counted; no section without any."""
+    env = {"processor": "x86_64", "cpu_count": 2, "device": "cpu", "packages": {"torch": "2.13.0"}}
+    run = {"final": 50.0, "best": 60.0, "steps": 10, "episodes": 2, "train_episodes": 2, "precision": "fp32",
+           "wall": None, "threads": 1, "env": env, "model_based": True}
+    record = {"file": "/cache/m.pt", "sha256": "0123456789abcdef", "epochs": 50, "holdout_mse": [0.5, 0.1, 0.3],
+              "elites": [1, 2], "training": {"wall_seconds": 7200.0, "cpu_seconds": 3600.0, "timed_from_epoch": 19,
+                                             "environment": {**env, "cpu_model": "AMD EPYC"}}}
+    groups = {(label, "d"): [{**run, "seed": s, "run_dir": f"{label}{s}", "dynamics_model": record} for s in range(2)]
+              for label in ("mopo", "ravl")}
+    groups[("mobile", "e")] = [{**run, "seed": 0, "run_dir": "mobile0", "dynamics_model": None}]
+    text = table.render(groups, "t", None, reps=50)
+    assert ("| d | `0123456789abcdef` | 50 | 0.2 | 1.00 | 2.00 | 19 | AMD EPYC (x86_64), 2 cores, device cpu; torch 2.13.0 "
+            "| mopo (2), ravl (2) |") in text
+    assert "recorded no model (finished before offrl recorded it): e: 1." in text
+    assert "## Dynamics models" not in table.render({("mobile", "e"): groups[("mobile", "e")]}, "t", None, reps=50)
+
+
 def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
     cpu = {"processor": "x86_64", "cpu_count": 16, "device": "cpu", "packages": {"torch": "2.11.0"}}
     gpu = {**cpu, "device": "cuda", "cuda_device": "NVIDIA H100"}

@@ -29,6 +29,15 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("rollout/transitions", 0) > 0 for r in rows) and any("rollout/penalty_mean" in r for r in rows)
     assert len(list(model_cache.glob("*/model.pt"))) == 1
+    # the run names the model it rolled out: the file's hash, its hold-out errors, elites and training
+    import hashlib
+
+    (model_file,) = model_cache.glob("*/model.pt")
+    model = final["dynamics_model"]
+    assert final["model_file"] == model["file"] == str(model_file)
+    assert model["sha256"] == hashlib.sha256(model_file.read_bytes()).hexdigest()[:16]
+    assert model["epochs"] == 3 and len(model["holdout_mse"]) == model["config"]["members"] > len(model["elites"])
+    assert model["training"]["timed_from_epoch"] == 0 and model["training"]["cpu_seconds"] > 0
     second = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "50", "--eval.every", "0", *FAST,
                      "--run.out-dir", str(tmp_path / "b"))
     assert "reusing" in second.stderr and "epoch 1" not in second.stderr  # no second model was trained
@@ -59,6 +68,10 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
 
     runs = [next((tmp_path / name).glob("mopo/*/*")) for name in ("straight", "split")]
     finals = [{k: v for k, v in json.loads((r / "final.json").read_text()).items() if k not in VOLATILE} for r in runs]
+    # the split run's record says its model is not the file's any more, and gives the model it rolled out
+    models = [final.pop("dynamics_model") for final in finals]
+    assert "file_unread" in models[1] and "sha256" in models[0] and "sha256" not in models[1]
+    assert models[1]["holdout_mse"] == models[0]["holdout_mse"] and models[1]["elites"] == models[0]["elites"]
     assert finals[0] == finals[1] and "eval/return_mean" in finals[0]
     rows = [[{k: v for k, v in json.loads(line).items() if k not in VOLATILE}
              for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs]

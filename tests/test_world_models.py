@@ -299,7 +299,7 @@ TINY_MODEL = tiny_model(max_epochs=2)
 def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_path, capsys):
     from offrl import checkpoint as ckpt
     from offrl.data import load_dataset
-    from world_models.train import cache_key, load_or_train
+    from world_models.train import cache_key, load_or_train, model_record
 
     first = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir", str(tmp_path))
     assert "epoch 1" in first.stderr and "elites: [" in first.stdout
@@ -324,6 +324,24 @@ def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_p
     assert path.exists() and not (folder / "training.pt").exists()
     for name, value in straight.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+    # the model file records its training time over every process, and from which epoch it was timed
+    records = {name: model_record(file, model) for name, file, model in
+               [("straight", next((tmp_path / "a").glob("*/model.pt")), straight), ("resumed", path, resumed)]}
+    for record in records.values():
+        assert record["epochs"] == 3 and record["elites"] == straight.elites and len(record["holdout_mse"]) == 3
+        assert record["training"]["cpu_seconds"] > 0 and record["training"]["environment"]["cpu_count"] >= 1
+    assert records["straight"]["training"]["timed_from_epoch"] == 0
+    assert records["resumed"]["training"]["timed_from_epoch"] == 1  # its training.pt came from before the timing
+    path.unlink()  # no model file, and a stopped training that had already spent 1000 s: it is continued
+    ckpt.save(folder / "training.pt", {**partial.state_dict(), "spent": {"wall_seconds": 1000.0, "cpu_seconds": 900.0,
+                                                                         "timed_from_epoch": 0}})
+    again, path = load_or_train(dataset, cfg, seed=4, cache_dir=tmp_path / "b", progress=False)
+    training = model_record(path, again)["training"]
+    assert training["wall_seconds"] > 1000 and training["cpu_seconds"] > 900 and training["timed_from_epoch"] == 0
+    # a file that holds another model than the run's (trained again meanwhile) is not described as the run's
+    replaced = model_record(path, partial.model)
+    assert "file_unread" in replaced and "training" not in replaced and "sha256" not in replaced
 
 
 def test_a_model_being_trained_by_another_process_is_waited_for_and_reused(tiny, tmp_path):

@@ -150,6 +150,14 @@ def load_dynamics(data, cfg, device: torch.device) -> tuple[DynamicsEnsemble, st
     return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
 
 
+def model_summary(model_file: str, model: DynamicsEnsemble) -> dict:
+    """For a model-based run's final.json: the model file it started from and what it rolled out
+    (`world_models.train.model_record`: hold-out errors, elites, the file's hash, epochs and training time)."""
+    from world_models.train import model_record
+
+    return {"model_file": model_file, "dynamics_model": model_record(model_file, model)}
+
+
 class LastRollout(Stateful):
     """The latest rollout round's metrics, which every logged row repeats until the next round; checkpointed, so a
     run resumed between two rounds logs them as a straight run does."""

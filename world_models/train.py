@@ -11,6 +11,12 @@ writes its full state after every epoch (`training.pt` beside it), so a killed t
 from its last epoch when started again. Processes that ask for the same model at once (the seeds of a
 MOPO sweep) do not all train it: one does, holding `lock` in the model's folder, and the others wait for
 it and reuse its model. Files are written atomically and read with `torch.load(weights_only=True)`.
+
+The model file also records how it was trained: epochs, and wall and CPU seconds summed over every process
+that trained it (kept in `training.pt` across resumes; a training begun before offrl timed it is timed from
+the epoch it continued at, `timed_from_epoch`) with the last process's machine. A model-based run copies
+that, the file's SHA-256 and its model's hold-out errors and elites into its final.json (`dynamics_model`,
+`model_record`), and `benchmarks.table` lists the models of its model-based rows.
 """
 
 from __future__ import annotations
@@ -84,6 +90,24 @@ def save_model(path: Path, model: DynamicsEnsemble, dataset_checksum: str, seed:
     return ckpt.save(path, {"format": FORMAT, "model": weights, "obs_dim": model.obs_dim,
                             "act_dim": model.act_dim, "config": json.dumps(config), "seed": seed,
                             "dataset_checksum": dataset_checksum, **(extra or {})})
+
+
+def model_record(path: str | Path, model: DynamicsEnsemble) -> dict:
+    """What a model-based run rolled out, for its final.json: `model`'s hold-out errors, elites and config, and
+    from its file (when the file still holds this model) the file's SHA-256, epochs and training time and
+    machine ('training' is None for models saved before offrl recorded it)."""
+    record = {"file": str(path), "holdout_mse": model.holdout_mse.tolist(), "elites": model.elites,
+              "config": asdict(model.cfg)}
+    try:
+        state = ckpt.load(path, map_location="cpu")
+        same = torch.equal(state["model"]["holdout_mse"], model.holdout_mse.cpu())
+    except (CheckpointError, KeyError, TypeError) as exc:
+        return {**record, "file_unread": str(exc)}
+    if not same:  # the cache entry was trained again while this run was stopped; the run kept its own model
+        return {**record, "file_unread": "the file holds another model now (trained again since this run began)"}
+    return {**record, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16],
+            "dataset_checksum": state.get("dataset_checksum"), "seed": state.get("seed"),
+            "epochs": state.get("epochs"), "training": state.get("training")}
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu", obs_dim: int | None = None,
@@ -167,14 +191,24 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
     with seeded_cpu_init(seed):
         model = DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg).to(device)
     trainer = EnsembleTrainer(model, inputs, targets, seed)
+    spent = {"wall_seconds": 0.0, "cpu_seconds": 0.0, "timed_from_epoch": 0}
     if training.exists():
-        trainer.load_state_dict(ckpt.load(training, map_location=device))
+        state = ckpt.load(training, map_location=device)
+        trainer.load_state_dict(state)
+        # a training begun before offrl timed its epochs is timed from the epoch it continues at
+        spent = state.get("spent") or {**spent, "timed_from_epoch": trainer.epoch}
         if progress:
             print(f"dynamics model: continuing the training in {training} at epoch {trainer.epoch}", file=sys.stderr)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
+
+    def spent_so_far() -> dict:
+        """Time over every process that trained this model: wall (counts pauses, e.g. SIGSTOP) and CPU
+        (this process's threads, so it does not)."""
+        return {**spent, "wall_seconds": spent["wall_seconds"] + time.perf_counter() - start,
+                "cpu_seconds": spent["cpu_seconds"] + time.process_time() - cpu_start}
 
     def on_epoch(t: EnsembleTrainer) -> None:
-        ckpt.save(training, t.state_dict())
+        ckpt.save(training, {**t.state_dict(), "spent": spent_so_far()})
         if progress:
             holdout = " ".join(f"{x:.4g}" for x in t.last_holdout)
             print(f"dynamics model | epoch {t.epoch} | train NLL {np.mean(t.last_train_nll):.4g} | holdout MSE per "
@@ -182,7 +216,10 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
                   f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
     fit(model, inputs, targets, on_epoch=on_epoch, trainer=trainer)
-    save_model(path, model, checksum, seed, {"epochs": trainer.epoch, "dataset": dataset.metadata.get("name")})
+    from offrl.logging import environment_info
+
+    save_model(path, model, checksum, seed, {"epochs": trainer.epoch, "dataset": dataset.metadata.get("name"),
+                                             "training": {**spent_so_far(), "environment": environment_info(device)}})
     training.unlink(missing_ok=True)
     if progress:
         errors = " ".join(f"{x:.4g}" for x in model.holdout_mse.tolist())
