@@ -10,6 +10,7 @@ from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
 
 ARGS = ["--eval.every", "100", "--eval.episodes", "3", "--log.every", "50", "--log.wandb", "disabled",
         "--log.no-progress"]
+WIDTH = ["--hidden", "64", "64"]  # what is compared does not depend on the width; 256 wide took 2-4x longer
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -26,10 +27,10 @@ def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo, extra):
     """Batched matmuls sum in another order than single ones, so the seeds' losses agree with their single-seed
     runs to rounding at first (rel 1e-4 at step 50) and drift slowly (rel 1e-2 by step 200); the evaluations,
     deterministic policies on the same env seeds, give the same returns. (%BC: the same episodes kept.)"""
-    run_cli(PYTHON, "-m", f"algos.{algo}", "--seeds", "0", "1", "--steps", "200", *ARGS, *extra,
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--seeds", "0", "1", "--steps", "200", *ARGS, *WIDTH, *extra,
             "--run.out-dir", str(tmp_path / "multi"))
     for seed in (0, 1):
-        run_cli(PYTHON, "-m", f"algos.{algo}", "--seed", str(seed), "--steps", "200", *ARGS, *extra,
+        run_cli(PYTHON, "-m", f"algos.{algo}", "--seed", str(seed), "--steps", "200", *ARGS, *WIDTH, *extra,
                 "--run.out-dir", str(tmp_path / "single"))
         finals = [json.loads((run_folder(tmp_path / name, seed, algo) / "final.json").read_text())
                   for name in ("multi", "single")]
@@ -54,7 +55,7 @@ def test_each_seed_matches_its_single_seed_run(tiny, tmp_path, algo, extra):
 def test_a_resumed_multi_seed_run_continues_exactly_and_each_folder_stands_alone(tiny, tmp_path):
     """Stopped after 100 steps and continued to 200, as one 200-step run (a constant actor lr: the cosine schedule
     is a function of --steps)."""
-    ARGS = [*globals()["ARGS"], "--no-cosine-actor-lr"]
+    ARGS = [*globals()["ARGS"], *WIDTH, "--no-cosine-actor-lr"]
     run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "straight"))
     run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "100", *ARGS, "--run.out-dir", str(tmp_path / "split"))
     run_cli(PYTHON, "-m", "algos.iql", "--seeds", "3", "4", "--steps", "200", *ARGS, "--run.out-dir", str(tmp_path / "split"),
