@@ -2,15 +2,17 @@
 
 Reference scores come from the dataset's metadata (the offrl suite and Minari datasets with an
 expert policy), or, for D4RL files, from D4RL's table (docs/FACTS.md section 0). The D4RL values were
-measured on mujoco-py v2 environments; they are only used for D4RL files and say so in
-`ref_source`, never for the Gymnasium v5 suite.
+measured on mujoco-py v2 environments; they are only used for D4RL data (a file named like D4RL's whose own
+env id, if it has one, is D4RL's) evaluated on the env below, and say so in `ref_source`: never for the
+Gymnasium v5 suite, a file recorded in another env, or under `--data.env-id` of another env (runs then
+report returns unless given --data.ref-min-score/--data.ref-max-score).
 
 A D4RL file evaluates by default on the Gymnasium v4 env (GYMNASIUM_ENV_FOR_D4RL), the v2 envs' models and
 rewards on the maintained `mujoco` bindings, rather than v5, which changed what D4RL recorded: Walker2d-v5
 gives both feet friction 1.9 (v2: right foot 0.9, left 1.9), Hopper-v5 and Walker2d-v5 stop paying the
 healthy reward on the falling step, and Ant-v5 observes 105 numbers (non-zero contact forces) where D4RL's
 ant files hold 111 (v2's, with contact forces that MuJoCo >= 2.0 left at zero: offrl/D4RLAnt-v4 in
-offrl.envs). `--data.env-id` picks another.
+offrl.envs). `--data.env-id` picks another (without D4RL's reference scores).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def d4rl_env_from_name(name: str) -> str | None:
     under its URL name ('Ant_maze_u-maze_...')."""
     match = re.match(r"^(hopper|halfcheetah|walker2d|ant)[-_](?!maze)(?!v\d+$)", name.lower())
     return match.group(1) if match else None
+
+
+def is_d4rl_env(env_id: str | None, d4rl_env: str | None) -> bool:
+    """Whether `env_id` is where offrl evaluates D4RL's `d4rl_env` data (GYMNASIUM_ENV_FOR_D4RL), or D4RL's own
+    name for it ('hopper-medium-v2' as a file's env id), so that D4RL's reference scores apply there."""
+    if not env_id or d4rl_env not in GYMNASIUM_ENV_FOR_D4RL:
+        return False
+    mapped = GYMNASIUM_ENV_FOR_D4RL[d4rl_env]
+    return env_id in (mapped, mapped.split(":")[-1]) or d4rl_env_from_name(env_id) == d4rl_env
 
 
 def normalized_score(returns, ref_min: float | None, ref_max: float | None):

@@ -121,6 +121,40 @@ def test_d4rl_qlearning_semantics(tmp_path):
     assert "D4RL" in ds.metadata["ref_source"]
 
 
+def test_d4rl_references_only_for_d4rl_data_on_the_env_offrl_evaluates_it_on(tmp_path):
+    """D4RL's table (returns in its v2 envs) gives a file's references only where the data is D4RL's by name
+    and is evaluated on the env offrl maps it to: not data a file says was recorded in another env, and not
+    under --data.env-id of another env (runs then report returns, and the warning says why)."""
+    from offrl.data.sources import missing_reference_scores
+
+    plain = write_hdf5(tmp_path / "hopper-medium-v2.hdf5", **d4rl_arrays())
+    meta = load_dataset(plain).metadata
+    assert meta["d4rl_env"] == "hopper" and meta["env_id"] == "Hopper-v4" and meta["ref_max_score"] == 3234.3
+    assert load_dataset(plain, env_id="Hopper-v4").metadata["ref_max_score"] == 3234.3
+    elsewhere = load_dataset(plain, env_id="Hopper-v5").metadata
+    assert elsewhere["ref_min_score"] is None and elsewhere["ref_max_score"] is None and elsewhere["ref_source"] is None
+    assert elsewhere["d4rl_env"] == "hopper"  # still D4RL's data
+    assert "D4RL's table gives returns in its v2 envs" in missing_reference_scores(elsewhere)
+    # a file recorded in Hopper-v5 (its own env_id) is not D4RL's data, whatever its name
+    with h5py.File(write_hdf5(tmp_path / "hopper-medium-v5.hdf5", **d4rl_arrays()), "a") as f:
+        f.attrs["env_id"] = "Hopper-v5"
+    v5 = load_dataset(str(tmp_path / "hopper-medium-v5.hdf5")).metadata
+    assert "d4rl_env" not in v5 and v5["ref_max_score"] is None and v5["env_id"] == "Hopper-v5"
+    # an offrl export of v5 data with its own references, saved under a D4RL-like name
+    exported = load_dataset(plain, env_id="Hopper-v5", ref_min_score=0.0, ref_max_score=2500.0)
+    exported.metadata.pop("d4rl_env")
+    exported.save_npz(str(tmp_path / "hopper-medium.npz"))
+    loaded = load_dataset(str(tmp_path / "hopper-medium.npz")).metadata
+    assert "d4rl_env" not in loaded and loaded["ref_max_score"] == 2500.0 and loaded["env_id"] == "Hopper-v5"
+    # an npz of D4RL's data (no env id of its own) gets the table, and loses it under another env
+    bare = load_dataset(plain)
+    bare.metadata.update(env_id=None, ref_min_score=None, ref_max_score=None, ref_source=None)
+    bare.metadata.pop("d4rl_env")
+    bare.save_npz(str(tmp_path / "walker2d-medium-v2.npz"))
+    assert load_dataset(str(tmp_path / "walker2d-medium-v2.npz")).metadata["ref_max_score"] == 4592.3
+    assert load_dataset(str(tmp_path / "walker2d-medium-v2.npz"), env_id="Walker2d-v5").metadata["ref_max_score"] is None
+
+
 @pytest.mark.parametrize("name,obs_dim,act_dim", [("hopper", 11, 3), ("halfcheetah", 17, 6), ("walker2d", 17, 6),
                                                    ("ant", 111, 8)])
 def test_d4rl_files_evaluate_on_the_envs_d4rl_recorded(tmp_path, name, obs_dim, act_dim):

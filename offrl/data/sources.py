@@ -59,6 +59,10 @@ def load_dataset(source: str, env_id: str | None = None, download: bool = False,
         dataset.metadata["env_id"] = env_id
         if dataset.metadata.get("env_spec") and _env_spec_id(dataset.metadata["env_spec"]) != env_id:
             dataset.metadata["env_spec"] = None
+        d4rl_env = dataset.metadata.get("d4rl_env")
+        if str(dataset.metadata.get("ref_source")).startswith("D4RL table") and not scores.is_d4rl_env(env_id, d4rl_env):
+            # D4RL's references are returns in its v2 envs: not scores in another env (an npz named like D4RL)
+            dataset.metadata.update(ref_min_score=None, ref_max_score=None, ref_source=None)
     set_reference_scores(dataset.metadata, ref_min_score, ref_max_score, source)
     dataset.metadata["checksum"] = dataset.checksum()
     return dataset
@@ -86,6 +90,10 @@ def missing_reference_scores(metadata: dict) -> str | None:
     """A warning to show when the data has no reference returns (no normalized scores), else None."""
     if metadata.get("ref_min_score") is not None and metadata.get("ref_max_score") is not None:
         return None
+    if metadata.get("d4rl_env"):
+        return (f"no reference scores: D4RL's table gives returns in its v2 envs, which offrl evaluates on "
+                f"{scores.GYMNASIUM_ENV_FOR_D4RL[metadata['d4rl_env']]}; on {metadata.get('env_id')} runs report raw "
+                "returns (DT needs --target-return) unless you pass --data.ref-min-score and --data.ref-max-score")
     return ("no reference scores (ref_min_score/ref_max_score): runs report raw returns, not normalized scores, and "
             "DT needs --target-return; pass --data.ref-min-score and --data.ref-max-score (random and expert returns)")
 
@@ -519,15 +527,20 @@ def _file_metadata(path: Path, attrs: dict, env_id: str | None, fmt: str) -> dic
         "ref_source": "file attributes" if attrs.get("ref_max_score") is not None else None,
     }
     _check_reference_order(metadata, source)
-    d4rl_env = scores.d4rl_env_from_name(path.stem) or scores.d4rl_env_from_name(str(metadata["env_id"] or ""))
+    # D4RL locomotion data by its name, unless the file says it was recorded in another env (an offrl export of
+    # Gymnasium v5 data saved as hopper-medium.npz is not D4RL's, and D4RL's numbers do not describe it)
+    recorded_in = attrs.get("env_id")
+    d4rl_env = scores.d4rl_env_from_name(path.stem) or scores.d4rl_env_from_name(str(recorded_in or ""))
+    if d4rl_env is not None and recorded_in and not scores.is_d4rl_env(recorded_in, d4rl_env):
+        d4rl_env = None
     if d4rl_env is not None:
         metadata["d4rl_env"] = d4rl_env  # a D4RL locomotion file: published settings (e.g. DT's targets) apply
-    if metadata["ref_max_score"] is None:
-        if d4rl_env is not None:
+    if metadata["ref_max_score"] is None and d4rl_env is not None:
+        metadata["env_id"] = metadata["env_id"] or scores.GYMNASIUM_ENV_FOR_D4RL[d4rl_env]
+        if scores.is_d4rl_env(metadata["env_id"], d4rl_env):  # not with --data.env-id Hopper-v5, say
             ref_min, ref_max = scores.D4RL_REF_SCORES[d4rl_env]
             metadata.update(ref_min_score=ref_min, ref_max_score=ref_max,
                             ref_source=f"D4RL table for '{d4rl_env}' (mujoco-py v2 envs)")
-            metadata["env_id"] = metadata["env_id"] or scores.GYMNASIUM_ENV_FOR_D4RL[d4rl_env]
     return metadata
 
 
