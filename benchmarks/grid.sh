@@ -118,7 +118,13 @@
 # which cached model the runs use), DRY_RUN=1 (print the commands instead of running
 # them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
 # unstarted runs, steps and core-hours left; runs nothing).
+
+# The body is one { } block: bash reads all of it before running any, so the script may be edited (a git pull)
+# while a grid runs for hours without the running copy reading the new text at its old offsets.
+{
 set -euo pipefail
+# a script's background jobs ignore SIGINT (bash starts them so): stop the model trainings with it on Ctrl-C
+trap 'kill -TERM $(jobs -rp) 2>/dev/null; exit 130' INT
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-results/grid/runs}
 jobs=${JOBS:-2}
@@ -225,14 +231,15 @@ fi
 
 # 2. one dynamics model per dataset for MOPO/MOBILE/RAVL, JOBS at a time (cached; reused by every run)
 if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
-  [ "$dry" = 1 ] || mkdir -p "$out/grid-models"
+  if [ "$dry" = 1 ]; then echo "mkdir -p $(quoted "$out/grid-models")# then these, $jobs at a time:"
+  else mkdir -p "$out/grid-models"; fi
   pids=()
   for ds in "${datasets[@]}"; do
     model=(python -m world_models.train --dataset "$ds" --seed 0 --model.max-epochs "$model_epochs" --threads 1)
     [ "$model_precision" = fp32 ] || model+=(--model.precision "$model_precision")
     [ "$model_compile" = 0 ] || model+=(--model.compile)
     log="$out/grid-models/${ds//\//-}.log"
-    if [ "$dry" = 1 ]; then echo "$(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
+    if [ "$dry" = 1 ]; then echo "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "${model[@]}" > "$log" 2>&1 &
     pids+=($!)
@@ -253,9 +260,11 @@ sweep grid-mb-slow "$mb_slow_steps" "--eval.every 500 --eval.episodes 10 --run.c
 # 4. the table from every finished run of the grid (whatever slices have run so far). The caption quotes
 # the budgets, not JOBS/ONLY/DATASETS, which do not change what a finished run holds, so the same run
 # folders give the same bytes. It quotes this invocation's BF16/COMPILE/MODEL_* too: run every slice with the
-# grid's own (a sweep refuses finished runs made with other options, except --run.compile, which changes
-# float rounding only). Dynamics models are cached per machine (~/.cache/offrl/models): seeds of one row run
-# on two machines roll out two models trained alike, each run's final.json naming its file.
+# grid's own (a sweep refuses finished runs made with other options, except those a resume may change,
+# offrl.run.RESUMABLE_CHANGES: --run.compile, threads, device, evaluation and logging settings and the like,
+# which change float rounding or what is recorded, not the algorithm). Dynamics models are cached per machine
+# (~/.cache/offrl/models): seeds of one row run on two machines roll out two models trained alike, each run's
+# final.json naming its file and (since offrl recorded it) hash, hold-out errors and training.
 canonical="FAST_STEPS=$fast_steps SLOW_STEPS=$slow_steps MOPO_STEPS=$mopo_steps MB_SLOW_STEPS=$mb_slow_steps"
 canonical+=" MODEL_EPOCHS=$model_epochs"
 [ "$model_precision" = fp32 ] || canonical+=" MODEL_PRECISION=$model_precision"
@@ -271,3 +280,4 @@ if [ ${#failed_sweeps[@]} -gt 0 ]; then
   exit 1
 fi
 exit "$table_rc"
+}

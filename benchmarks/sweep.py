@@ -42,8 +42,9 @@ on a NaN/inf (diverged), were interrupted (a checkpoint to resume) or have not s
 a diverged run, which a sweep does not resume), and at the variant's pace so far (its
 finished runs' core-seconds per step from final.json: wall time times each process's threads,
 evaluations and checkpoints included) the core-hours those steps need. A run finished at another --steps counts as
-interrupted when it has a checkpoint (a sweep would resume it to its --steps) and as not started when it has
-none (a sweep refuses it: finished with other options).
+interrupted when it has a checkpoint (a sweep resumes it to a larger --steps; one finished at more steps is
+refused by its resume, so the sweep reports it failed) and as not started when it has none (a sweep refuses
+it: finished with other options).
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ class Job:
         final = self.run_dir / "final.json"
         if not final.exists():
             return False
-        record = json.loads(final.read_text())
-        return record.get("steps") == self.steps and "failed" not in record
+        try:
+            record = json.loads(final.read_text())
+        except (OSError, ValueError):  # empty or cut short (a crash right after the write): the run rewrites it
+            return False
+        return isinstance(record, dict) and record.get("steps") == self.steps and "failed" not in record
 
     def has_checkpoint(self) -> bool:
         return has_checkpoint(self.run_dir)
@@ -179,18 +183,34 @@ def set_aside_unstarted(run_dir: Path) -> Path | None:
     return aside
 
 
+SET_BY_THE_SWEEP = {"--dataset", "--seed", "--seeds", "--steps", "--run.threads", "--run.out-dir", "--log.name",
+                    "--resume"}
+"""Run options that Job.command sets: given again in --common or a variant they would win (the last value counts),
+and the run would train elsewhere or to another budget than the sweep checks for (or, for threads, with
+other threads than OMP_NUM_THREADS and Ray's num_cpus say)."""
+
+
 RUNS_FAILED = 3
 """The exit status of a sweep whose runs ran and some failed or diverged; a sweep that could not start (bad
-options, finished runs made with other options) exits 1 or 2. grid.sh goes on after a 3, not after the others."""
+sweep options, finished runs made with other options) exits 1 or 2. A run option the algorithm refuses (a typo
+in --common or a variant) is found by the run itself, so it fails every run: exit 3. grid.sh goes on after a 3,
+not after the others."""
 
 
-def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | None:
+FINISHED = "finished"
+"""What `launch` returns for a run found finished once it held the run's lock."""
+
+
+def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | str | None:
     """Start the run's process, which inherits the run's lock and holds it until it exits; None when another
-    process holds that lock (a run an earlier sweep started and that outlived it)."""
+    process holds that lock (a run an earlier sweep started and that outlived it), FINISHED when the run
+    turned out finished under the lock."""
     job.run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(job.lock_path, "a") as lock:
         if not try_lock(lock):
             return None
+        if job.done():  # finished by a process that let go of the lock since this sweep looked
+            return FINISHED
         set_aside_unstarted(job.run_dir)  # under the lock: no live process is writing this folder
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         with open(job.log_path, "a") as log:  # the child keeps its own handles
@@ -242,7 +262,10 @@ def check_finished_options(jobs: list[Job], common: list[str]) -> None:
         elif (job.run_dir / "final.json").exists() and not job.done() and not job.has_checkpoint():
             # e.g. a committed record (no checkpoints): --resume auto would start it afresh in <seed>-sweep-1,
             # where the sweep does not look, and every later sweep would call the run failed
-            record = json.loads((job.run_dir / "final.json").read_text())
+            try:
+                record = json.loads((job.run_dir / "final.json").read_text())
+            except (OSError, ValueError):
+                record = {"failed": "its final.json cannot be read"}
             if "failed" in record:
                 stranded.append(f"{job.run_dir}: failed ({record['failed']}), no checkpoint to run it again from")
             else:
@@ -383,6 +406,9 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                 failed.append(job)
                 continue
             proc = launch(job, common, threads)
+            if proc == FINISHED:
+                print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                continue
             if proc is None:
                 if job not in waiting:
                     waiting.append(job)
@@ -438,14 +464,16 @@ def device_options(options: list[str]) -> list[str]:
 
 
 def wants_gpu(options: list[str]) -> bool:
-    """Whether a run's options put it on a CUDA device (`--device cuda`, `--device=cuda:1`)."""
-    return any(value.startswith("cuda") for value in device_options(options))
+    """Whether a run's options put it on a CUDA device (`--device cuda`, `--device=cuda:1`): the last --device
+    given, which is the one the run takes (a variant's --device cpu after --common's --device cuda)."""
+    devices = device_options(options)
+    return bool(devices) and devices[-1].startswith("cuda")
 
 
 def ray_resources(job: Job, common: list[str], threads: int) -> dict:
     """A run's Ray task resources: a CPU per thread, and a GPU when its options say --device cuda (or a --config it
     starts from does)."""
-    gpu = wants_gpu(common) or wants_gpu(job.extra)
+    gpu = wants_gpu([*common, *job.extra])  # the order of Job.command: a variant's options come last
     if not gpu and any(o == "--config" or o.startswith("--config=") for o in [*common, *job.extra]):
         gpu = job_config(job, common).device.startswith("cuda")
     return {"num_cpus": threads, "num_gpus": 1 if gpu else 0}
@@ -466,9 +494,10 @@ def run_command(command: list[str], run_dir: str, log_path: str, env_updates: di
                 retry_diverged: bool = False) -> dict:
     """The body of a run's Ray task, on whichever node Ray picks: the local backend's command line in a
     subprocess with this node's Python, its output appended to the run's log. Standard library only (Ray
-    ships it by value). A cancelled task stops the run with SIGTERM, which checkpoints; when the worker
-    dies, Ray sends its child processes SIGTERM too, and Ray's retry of the task waits on a lock beside
-    the run folder, which the old run holds until it has saved that checkpoint and exited."""
+    ships it by value). A cancelled task stops the run with SIGTERM, which checkpoints. When the worker
+    crashes, the run may go on as an orphan (Ray stops a worker's children only when the worker exits
+    cleanly); Ray's retry of the task waits on the lock beside the run folder, which the run holds until it
+    exits, and then finds it finished or resumes it from its checkpoint."""
     import os
     import signal
     import socket
@@ -617,7 +646,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2,
                         help="local backend: runs at a time (one per core); Ray schedules by the cluster's resources")
     parser.add_argument("--threads", type=int, default=1, help="threads per run (Ray: CPUs per task)")
-    parser.add_argument("--common", default="", help="options for every run, e.g. '--eval.every 10000'")
+    parser.add_argument("--common", default="", help="options for every run, e.g. '--eval.every 10000' (one "
+                        "option alone needs '=': --common=--run.compile)")
     parser.add_argument("--spread-threads", action="store_true",
                         help="when fewer runs are left than --jobs, restart them with the idle cores as threads "
                              "(local backend)")
@@ -644,6 +674,10 @@ def main(argv: list[str] | None = None) -> None:
             shlex.split(text)
     except ValueError as e:  # an unclosed quote
         parser.error(f"--common/--variant: {e}")
+    for where, text in [("--common", args.common), *(("--variant", v.partition("=")[2]) for v in args.variant)]:
+        if taken := sorted({w.split("=", 1)[0] for w in shlex.split(text)} & SET_BY_THE_SWEEP):
+            parser.error(f"{where} {text!r}: {', '.join(taken)} is the sweep's to set (its --datasets, --seeds, "
+                         "--steps, --threads and --out-dir); give it to the sweep")
     if args.status:
         print_status(status(jobs_of(args)))
         return

@@ -154,6 +154,8 @@ def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None
                      datasets: list[str] | None = None) -> list[dict]:
     """The run folders a NaN/inf stopped (a diverged.json and no final.json), in the layout `collect` reads:
     they have no score, so a table lists them rather than counting fewer seeds without saying why."""
+    from benchmarks.sweep import UNSTARTED
+
     roots = [roots] if isinstance(roots, Path) else roots
     markers = sorted({m.resolve(): (root, m) for root in roots for m in root.glob(f"*/*/*/*/{DIVERGED_FILE}")}.values(),
                      key=lambda rm: str(rm[1]))
@@ -162,6 +164,8 @@ def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None
         run_dir = marker.parent
         if (run_dir / "final.json").exists():
             continue  # finished after a retry that kept an old marker: its score counts
+        if UNSTARTED in run_dir.name:  # set aside by a sweep's --retry-diverged, which ran the seed again
+            continue
         label = run_dir.relative_to(root).parts[0]
         config = json.loads((run_dir / "config.json").read_text())
         run_label = config.get("dataset") or config.get("env_id", "run")  # as final.json's (RunConfigBase.run_label)

@@ -62,11 +62,15 @@ def git_commit() -> str | None:
 
 
 def write_json(path: Path, value, **dumps) -> None:
-    """Write a run record atomically (a temp file beside it, then os.replace): a process killed mid-write leaves
-    the old record whole, never a cut-off one that the next resume cannot read."""
+    """Write a run record atomically (a temp file beside it, flushed to disk, then os.replace): a process killed
+    mid-write, or a machine that loses power after it, leaves the old record or the new one whole, never a cut-off
+    or empty one (the sweeps read final.json as the sign of a finished run)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, **dumps))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(value, **dumps))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -95,9 +95,36 @@ def test_a_ray_task_asks_for_its_threads_and_a_gpu_for_cuda_runs():
     assert sweep.ray_resources(job, ["--eval.every", "5", "--device", "cuda"], 2) == {"num_cpus": 2, "num_gpus": 1}
     assert sweep.ray_resources(job, ["--device=cuda:1"], 1)["num_gpus"] == 1
     assert sweep.ray_resources(job, ["--device", "cpu"], 1)["num_gpus"] == 0
+    # the --device the run takes is the last one: a variant's after --common's
+    on_cpu = sweep.Job("bc", "bc", ["--device", "cpu"], "d", 0, 10, sweep.Path("runs"))
+    assert sweep.ray_resources(on_cpu, ["--device", "cuda"], 1)["num_gpus"] == 0
+    on_gpu = sweep.Job("bc", "bc", ["--device=cuda"], "d", 0, 10, sweep.Path("runs"))
+    assert sweep.ray_resources(on_gpu, ["--device", "cpu"], 1)["num_gpus"] == 1
     # Ray hides the GPUs from tasks that ask for none: on a cluster with GPUs, the sweep says that such runs use the CPU
     assert "--device cuda in --common" in sweep.hidden_gpus_warning(4, 2)
     assert sweep.hidden_gpus_warning(0, 2) is None and sweep.hidden_gpus_warning(4, 0) is None
+
+
+def test_a_cut_off_final_json_is_not_a_finished_run_and_the_lock_holder_is_looked_at_again(tmp_path):
+    """An empty final.json (a crash just after its write) makes the run unfinished, not a sweep's traceback; a
+    run that another process finished after the sweep looked is found finished once its lock is held."""
+    job = sweep.Job("bc", "bc", [], "d", 0, 10, tmp_path)
+    job.run_dir.mkdir(parents=True)
+    (job.run_dir / "final.json").write_text("")
+    assert not job.done() and sweep.status([job])
+    (job.run_dir / "final.json").write_text(json.dumps({"steps": 10}))
+    assert job.done() and sweep.launch(job, [], 1) == sweep.FINISHED
+
+
+def test_options_the_sweep_sets_are_refused_in_common_and_variants(tmp_path, capsys):
+    """Given again, the run would take them (the last value counts) and train elsewhere or to another budget."""
+    base = ["--name", "s", "--out-dir", str(tmp_path), "--datasets", "d", "--seeds", "0", "--steps", "10"]
+    for extra in (["--variant", "a=bc", "--common", "--steps 20"], ["--variant", "a=bc --run.threads=2"],
+                  ["--variant", "a=bc --hidden 16 --seed 3"]):
+        with pytest.raises(SystemExit) as stopped:
+            sweep.main([*base, *extra])
+        assert stopped.value.code == 2 and "is the sweep's to set" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_run_folder_without_a_checkpoint_is_set_aside_before_a_start(tmp_path):
@@ -335,6 +362,11 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
     assert bc["n"] == 1 and bc["seeds"] == [0] and bc["diverged_seeds"] == [1]
     assert [d["seed"] for d in summary["diverged"]] == [1]
     assert table.collect_diverged([copy], variants=["td3"]) == []
+    # a diverged folder that --retry-diverged set aside (the seed ran again beside it) is not listed
+    aside = run.with_name(f"1-sweep{sweep.UNSTARTED}1")
+    shutil.copytree(run, aside)
+    assert [d["run_dir"] for d in table.collect_diverged([copy])] == [str(run)]
+    shutil.rmtree(aside)
     # every seed diverged: no row, but the table still says so
     only = tmp_path / "only"
     shutil.copytree(run, only / "bc" / "bc" / "offrl-tiny-v0" / "1-sweep")
