@@ -37,7 +37,9 @@ RIQL there toward IQL, but not on medium-replay, where the weights stay at 9-19 
 (results/riql-reward-scale/, benchmarks/riql_reward_scale.sh). The paper's 3M steps were not run here.
 Deviations: the actor's cosine schedule spans --steps (the reference's spans 3M steps whatever the run's
 length, so a shortened run decays its actor's learning rate fully here and hardly at all there); the
-Gaussian actor (`--actor gaussian`, not the default) has a tanh on its mean, the reference's none.
+Gaussian actor (`--actor gaussian`, not the default) has a tanh on its mean, the reference's none; L_Q
+sums the K critics' losses where RIQL's code averages over them: each critic's gradient is K times the
+reference's, which Adam's normalization cancels (up to its eps), the critics' parameters being their own.
 """
 
 from __future__ import annotations

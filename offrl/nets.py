@@ -547,10 +547,11 @@ class TanhGaussianActor(_ActionScaling):
         std = log_std.exp()
         u = mean if deterministic else mean + std * torch.randn_like(mean)
         log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|. The
-        # reference codes (CORL, OfflineRL-Kit, MOBILE, RAVL) use log(1 - tanh(u)^2 + 1e-6): the same to ~1e-3
-        # per dimension for |u| < 5, but capped at log(1e-6) = -13.8 beyond |u| ~ 7, where its gradient
-        # vanishes; the exact form keeps pulling a saturated action back (a deviation only once actions saturate).
+        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|: CORL's CQL
+        # (torch's TanhTransform) computes this too. rlkit (the official CQL), cleanrl, CORL's SAC-N/EDAC,
+        # OfflineRL-Kit, MOBILE and RAVL use log(1 - tanh(u)^2 + 1e-6): the same to ~1e-3 per dimension for
+        # |u| < 5, but capped at log(1e-6) = -13.8 beyond |u| ~ 7, where its gradient vanishes; the exact form keeps
+        # pulling a saturated action back (a deviation from those only once actions saturate).
         log_prob = log_prob - (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
         log_prob = log_prob - torch.log(self.action_scale).sum()
         return self.to_env(torch.tanh(u)), log_prob
