@@ -50,10 +50,10 @@ calql_bound_rate are then the drawn critics' (as the reference logs them).
 
 Deviations: the critics are one batched ensemble and every Q evaluation of a step (dataset,
 uniform, pi(s), pi(s') actions) is one forward pass (two with --critic-subsample: all critics on the data, the
-drawn ones on the sampled actions); actor and critic losses are both computed
-with the networks as they were before the step (as CORL does; rlkit steps the Q optimizer before the actor's
-backward pass, which on the PyTorch it pinned let part of the actor's gradient see the updated critics); the uniform proposal's density
-uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. `--max-target-backup` takes
+drawn ones on the sampled actions); actor and critic losses are both computed with the networks as
+they were before the step (as CORL does; rlkit steps the Q optimizer before the actor's backward pass,
+which on the PyTorch it pinned let part of the actor's gradient see the updated critics); the uniform
+proposal's density uses the env's box, -sum log(high - low), which is log(0.5^|A|) for [-1, 1]. `--max-target-backup` takes
 the min over critics and then the max over the sampled next actions, with that action's log-prob for an
 entropy backup (young-geng's and CORL's rule); the official code takes the max per critic, then the min, and
 never backs up entropy there. `--lagrange` weights alpha' * cql_alpha * (gap - target_gap) (CORL's and
