@@ -280,7 +280,9 @@ class SeedRuns:
             raise KeyboardInterrupt
         for run in self.runs:
             run.stop_signal = signum
-        print(f"signal {signum}: stopping every seed after this step with a checkpoint", file=sys.stderr)
+        from offrl.run import say_stopping
+
+        say_stopping(signum, f"signal {signum}: stopping every seed after this step with a checkpoint\n")
 
     def precision(self):
         """Context for one batched gradient step (`--run.precision`, the same for every seed)."""

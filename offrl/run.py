@@ -229,8 +229,8 @@ class Run:
         if self.stop_signal is not None:  # a second signal: stop now; the last periodic checkpoint stands
             raise KeyboardInterrupt
         self.stop_signal = signum
-        os.write(2, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) with a "
-                    "checkpoint; signal again to stop at once\n".encode())
+        say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) with "
+                             "a checkpoint; signal again to stop at once\n")
 
     def _restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -553,6 +553,30 @@ class Run:
         elif self.last_eval:
             print(f"final return: {self.last_eval['eval/return_mean']:.1f} (no reference scores) -> {self.dir}")
         return final
+
+
+def say_stopping(signum: int, message: str) -> None:
+    """A stop signal's notice, from its handler. A closed terminal is hung up before its SIGHUP arrives, and
+    every write to it then fails (EIO), in the handler and in whatever prints next (progress, the checkpoint's
+    note): so on SIGHUP, stdout and stderr that are that terminal go to /dev/null, as under nohup, and the run
+    checkpoints and exits as it does on SIGTERM."""
+    if signum == getattr(signal, "SIGHUP", None):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            devnull = None
+        for fd in (1, 2):
+            try:
+                if devnull is not None and os.isatty(fd):
+                    os.dup2(devnull, fd)
+            except OSError:
+                pass
+        if devnull is not None:
+            os.close(devnull)
+    try:
+        os.write(2, message.encode())
+    except OSError:  # nowhere to say it: the stop goes ahead
+        pass
 
 
 CONFIG_OPTION_HELP = ("--config RUN: start from the options a saved run of this algorithm was trained with (its folder or "

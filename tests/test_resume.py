@@ -72,6 +72,42 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     assert "eval/normalized_score" in final and "train/critic_loss" in final
 
 
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint_at_its_step(tiny, tmp_path):
+    """A terminal that closes is hung up before its SIGHUP arrives: every write to it fails (EIO) from then on,
+    the signal handler's notice included. The run still checkpoints the step it was on and exits as on SIGTERM
+    (it had died with a traceback in the middle of a step, losing everything since its last checkpoint)."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(tmp_path)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=slave, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    os.close(slave)
+
+    def drain():  # what the run prints before the hang-up, so that it never waits on a full terminal
+        try:
+            while os.read(master, 4096):
+                pass
+        except OSError:
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        found = list(tmp_path.glob("td3_bc/*/*/checkpoints/last.pt"))
+        if found and (saved_step(found[0]) or 0) >= 300:
+            break
+        time.sleep(0.02)
+    os.close(master)  # the terminal is gone
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 128 + signal.SIGHUP
+    run_dir = only_run(tmp_path)
+    assert not (run_dir / "final.json").exists()
+    logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert saved_step(run_dir / "checkpoints" / "last.pt") >= max(logged)  # the step it stopped at
+
+
 def test_a_run_still_going_cannot_be_resumed_by_a_second_process(tiny, tmp_path):
     """`--resume latest` while the run it finds is still going (here: stopped with SIGSTOP) is refused in one
     line before the folder is touched; once that process is gone, the same command resumes the run."""
