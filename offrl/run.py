@@ -292,6 +292,10 @@ class Run:
     def _check_same_config(self, state: dict) -> None:
         saved = json.loads(state.get("config", "{}"))
         changed = config_changes(saved, self.config, default_config(type(self.cfg)))
+        # --data.env-id naming the env the run evaluated on (its dataset.json), which _check_same_data asks for
+        # when the data's default env changed since (a D4RL file: v5 before offrl evaluated those on v4)
+        evaluated_on = self._recorded_env_id()
+        changed = [c for c in changed if not (c[0] == "data.env_id" and c[1] is None and c[2] == evaluated_on)]
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
@@ -301,6 +305,13 @@ class Run:
             print(f"warning: this run's learning-rate schedule spans its --steps; resumed with --steps "
                   f"{self.cfg.steps} instead of {saved['steps']}, it follows the new budget from here on (the rate "
                   "jumps to that schedule's value now)", file=sys.stderr)
+
+    def _recorded_env_id(self) -> str | None:
+        """The env this run's evaluations ran on, from its dataset.json (None where unread or unrecorded)."""
+        try:
+            return json.loads((self.dir / "dataset.json").read_text()).get("env_id")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:

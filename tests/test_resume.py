@@ -170,6 +170,13 @@ def test_resume_refuses_a_run_whose_evaluation_env_changed(tiny, tmp_path):
     result = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "40", "--resume", "latest", check=False)
     assert result.returncode == 1 and "this run evaluated on InvertedPendulum-v4" in result.stderr
     assert "--data.env-id InvertedPendulum-v4" in result.stderr and "Traceback" not in result.stderr
+    # the remedy it names resumes the run (the option, not given at the start, names the env it evaluated on)
+    resumed = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "40", "--resume", "latest",
+                      "--data.env-id", "InvertedPendulum-v4")
+    assert "resumed" in resumed.stderr and json.loads((only_run(tmp_path) / "final.json").read_text())["steps"] == 40
+    other = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "60", "--resume", "latest",
+                    "--data.env-id", "InvertedPendulum-v5", check=False)  # any other env is still refused
+    assert other.returncode == 1 and "data.env_id" in other.stderr
 
 
 def test_a_resume_that_changes_a_schedule_over_steps_says_so(tiny, tmp_path):
