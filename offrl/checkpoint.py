@@ -109,10 +109,15 @@ def claim_run_folder(run_dir: str | os.PathLike):
     if fcntl is not None:
         try:
             fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
             lock.close()
-            raise CheckpointError(f"run folder {run_dir} is in use by another process (a run still going there): "
-                                  "wait for it to end or stop it first") from None
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise CheckpointError(f"run folder {run_dir} is in use by another process (a run still going there): "
+                                      "wait for it to end or stop it first") from None
+            # e.g. NFS without a lock daemon (ENOLCK), a Lustre mount without flock (ENOSYS/EOPNOTSUPP)
+            raise CheckpointError(f"run folder {run_dir}: its file system refuses the lock that keeps two processes "
+                                  f"from training in one folder ({os.strerror(exc.errno)}); put --run.out-dir on a "
+                                  "file system with POSIX locks (a local disk, NFS with its lock daemon)") from None
     return lock
 
 

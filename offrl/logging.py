@@ -130,7 +130,10 @@ class Logger:
 
     def metrics_end(self) -> tuple[int, str]:
         """metrics.jsonl's length now (every row is flushed as it is logged) and its last line, which a checkpoint
-        records (`truncate_metrics`)."""
+        records (`truncate_metrics`). Synced to disk first (once a checkpoint): a machine that crashes keeps the
+        rows a surviving checkpoint counts on, which a resume would not log again."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
         return os.fstat(self._file.fileno()).st_size, self._last_line
 
     def close(self) -> None:
@@ -188,7 +191,10 @@ def truncate_metrics(path: Path, last_step: int, checkpoint_end: tuple[int, str]
     kept = [line for line in data.decode(errors="replace").splitlines()
             if line.strip() and (step := step_of(line)) is not None and step <= last_step]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    with open(tmp, "w") as f:
+        f.write("".join(line + "\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

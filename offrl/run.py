@@ -6,7 +6,7 @@ checkpoints, the divergence check and the final metrics. An algorithm file drive
     state = {"agent": agent, "buffer": buffer}
     for step in run.steps(state):               # restores `state` first when resuming
         metrics = agent.update(buffer.sample(cfg.batch_size))
-        run.log(step, metrics)                  # host sync only every log.every steps
+        run.log(step, metrics)                  # host sync only every log.every steps (and eval/checkpoint steps)
         run.evaluate(step, agent.act, data.metadata)  # every eval.every steps and at the end
         run.checkpoint(step, state)             # every run.checkpoint_every steps and at the end
     return run.finish()
@@ -45,7 +45,9 @@ from offrl.logging import Logger, Progress, truncate_metrics, write_json
 from offrl.nets import gradient_step, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
-# they do not change what is trained. run.precision is not among them: it changes the numbers. Where a
+# they do not change the algorithm or its data, though threads, compiling, the device and flushing subnormals
+# change float rounding (and a device its random streams). run.precision is not among them: it changes the
+# numbers beyond rounding. Where a
 # learning-rate schedule spans --steps (a config's `schedule_spans_steps`), a new budget changes the schedule
 # from the resume on: allowed (RELIABILITY.md), with a warning.
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",

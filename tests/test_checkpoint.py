@@ -239,3 +239,19 @@ def test_a_checkpoint_written_on_cuda_is_evaluated_and_resumed_on_the_cpu(tiny, 
     resumed = run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "30", "--resume", str(run_dir), *common)
     assert "written on cuda and is resumed on cpu" in resumed.stderr
     assert (run_dir / "final.json").exists()
+
+
+def test_a_file_system_without_locks_is_named_not_taken_for_a_busy_folder(tmp_path, monkeypatch):
+    """Only EAGAIN/EACCES mean another process holds the run folder; NFS without its lock daemon (ENOLCK) or a
+    mount without flock (ENOSYS) refuse every lock, which the error says instead of 'in use'."""
+    import errno
+    import fcntl
+
+    def refuse(fd, flags, code):
+        raise OSError(code, os.strerror(code))
+
+    for code, says in ((errno.ENOLCK, "refuses the lock"), (errno.ENOSYS, "refuses the lock"),
+                       (errno.EAGAIN, "in use by another process")):
+        monkeypatch.setattr(fcntl, "lockf", lambda fd, flags, code=code: refuse(fd, flags, code))
+        with pytest.raises(ckpt.CheckpointError, match=says):
+            ckpt.claim_run_folder(tmp_path / "run")
