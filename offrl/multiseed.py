@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shutil
 import signal
 import sys
 import threading
@@ -261,10 +262,17 @@ class SeedRuns:
         for run in self.runs:
             run.process_share = 1 / len(self.runs)
         starts = {r.start_step for r in self.runs}
-        if len(starts) > 1:
+        if len(starts) > 1:  # e.g. killed between the seeds' checkpoint writes, each seed's a file of its own
             found = ", ".join(f"seed {r.cfg.seed} at step {r.start_step}" for r in self.runs)
+            for run in reversed(self.runs):  # let go of the folders, and leave no new empty one behind
+                run.logger.close()
+                run._restore_signals()
+                run._folder_claim.close()
+                if run.resume_from is None:  # made just now by --resume auto for a seed without a checkpoint
+                    shutil.rmtree(run.dir, ignore_errors=True)
             raise OffrlError(f"--seeds with --resume: the seeds' checkpoints are at different steps ({found}); "
-                             "resume them as separate runs")
+                             "resume each seed as a run of its own (--seed N --resume latest), which continues it "
+                             "exactly, or start the seeds afresh")
         self.start_step = starts.pop()
         self.device = self.runs[0].device
         self.cfg = cfgs[0]

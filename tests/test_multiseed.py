@@ -95,3 +95,34 @@ def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_p
     cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
     bc.train_seeds(cfg)
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_nothing_behind(tiny, tmp_path):
+    """A kill between the seeds' checkpoint writes leaves them at different steps: --seeds --resume says to resume
+    each alone, lets go of the folders (each alone then resumes) and removes a folder it made for a seed without
+    a checkpoint, so retries do not pile up empty folders."""
+    import signal
+
+    args = ["--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--hidden", "16", "16",
+            "--run.checkpoint-every", "20", "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "20", *args)
+    run_cli(PYTHON, "-m", "algos.bc", "--seed", "0", "--steps", "40", *args, "--resume", "latest")  # seed 0 ahead
+    apart = run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "60", *args, "--resume", "latest",
+                    check=False)
+    assert apart.returncode == 1 and "seed 0 at step 40, seed 1 at step 20" in apart.stderr
+    assert "--seed N --resume latest" in apart.stderr and "Traceback" not in apart.stderr
+    run_cli(PYTHON, "-m", "algos.bc", "--seed", "1", "--steps", "60", *args, "--resume", "latest")  # alone: fine
+    # seed 2 never ran: --resume auto made a folder for it, removed when the seeds were refused
+    fresh = run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "2", "--steps", "60", *args, "--resume", "auto",
+                    check=False)
+    assert fresh.returncode == 1 and "seed 2 at step 0" in fresh.stderr
+    assert not list(tmp_path.glob("bc/*/2-*"))
+    from algos import bc
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    cfg = bc.Config(steps=60, seeds=[0, 2], hidden=(16, 16), resume="auto")
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    with pytest.raises(Exception, match="different steps"):
+        bc.train_seeds(cfg)
+    assert {sig: signal.getsignal(sig) for sig in before} == before  # the process's handlers are back
+    assert not list(tmp_path.glob("bc/*/2-*"))
