@@ -382,6 +382,10 @@ class Run:
             if "cuda" in rng and torch.cuda.is_available():  # one state per GPU the saving process saw, in order:
                 # a process that sees fewer (a 1-GPU node, CUDA_VISIBLE_DEVICES) restores those it has
                 torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"][:torch.cuda.device_count()]])
+                if "cuda_run_device" in rng and self.device.type == "cuda":
+                    # the GPU the run trained on, wherever it is now (saved on cuda:1, resumed with
+                    # CUDA_VISIBLE_DEVICES=1 as cuda:0): by position, it would get another GPU's stream
+                    torch.cuda.set_rng_state(rng["cuda_run_device"].cpu(), self.device)
             saved_on = "cuda" if "cuda" in rng else "cpu"
             if saved_on != self.device.type:  # checkpoint.restore_generator reseeds the streams that cannot carry over
                 print(f"warning: this run's checkpoint was written on {saved_on} and is resumed on {self.device.type}: "
@@ -521,6 +525,7 @@ class Run:
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state_all()
+            rng["cuda_run_device"] = torch.cuda.get_rng_state(self.device)
         ckpt.save(self.checkpoint_path, {
             "step": step, "algo": self.algo, "config": json.dumps(self.config, default=str),
             "objects": {name: obj.state_dict() for name, obj in state.items()}, "rng": rng,
