@@ -124,7 +124,7 @@
 {
 set -euo pipefail
 # a script's background jobs ignore SIGINT (bash starts them so): stop the model trainings with it on Ctrl-C
-trap 'kill -TERM $(jobs -rp) 2>/dev/null; exit 130' INT
+trap 'pids=$(jobs -rp); [ -z "$pids" ] || kill -TERM $pids 2>/dev/null || true; exit 130' INT
 quoted() { printf "%q " "$@"; }  # a command line as it can be pasted back into a shell
 out=${1:-results/grid/runs}
 jobs=${JOBS:-2}

@@ -432,6 +432,10 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
             # a run told to stop checks its last metrics before its checkpoint: one that diverged there stays failed
             if entry.respawn_threads is not None and not job.done() and not entry.diverged_meanwhile():
                 proc = launch(job, common, entry.respawn_threads)
+                if proc == FINISHED:  # by another process, between this run's exit and the lock
+                    running.remove(entry)
+                    print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                    continue
                 if proc is not None:
                     entry.proc, entry.threads = proc, entry.respawn_threads
                     entry.respawn_threads = None

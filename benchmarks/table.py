@@ -269,7 +269,8 @@ def dynamics_models(groups: dict) -> dict:
             if record is None:
                 unrecorded[dataset] += bool(r.get("model_based"))
                 continue
-            key = (dataset, record.get("sha256") or "file replaced")
+            # a model whose file was not read (replaced since, missing, not offrl's): known by its hold-out errors
+            key = (dataset, record.get("sha256") or tuple(record["holdout_mse"]))
             if key not in models:
                 training = record.get("training") or {}
                 elites = [record["holdout_mse"][i] for i in record["elites"]]
@@ -302,7 +303,7 @@ def dynamics_models_section(entry: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     hours = lambda h: "n/a" if h is None else f"{h:.2f}"  # noqa: E731
     for m in entry["models"]:
-        model = f"`{m['sha256']}`" if m["sha256"] else "file replaced since"
+        model = f"`{m['sha256']}`" if m["sha256"] else "file not read (replaced since the run, or missing)"
         mse = "n/a" if m["elite_holdout_mse"] is None else f"{m['elite_holdout_mse']:.4g}"
         rows = ", ".join(f"{label} ({n})" for label, n in m["rows"].items())
         lines.append(f"| {m['dataset']} | {model} | {m['epochs'] if m['epochs'] is not None else 'n/a'} | {mse} | "

@@ -232,12 +232,18 @@ class Progress:
             extra = f"eval score {self.score:.1f}" if self.score is not None else "eval score -"
         line = (f"{self.label} | {self.unit} {step}/{self.total} ({100 * step / max(self.total, 1):.0f}%) | "
                 f"{rate:.0f} {self.unit}s/s | {extra} | eta {_duration(eta)}")
-        sys.stderr.write(("\r" + line + "\033[K") if self.tty else line + "\n")
-        sys.stderr.flush()
+        self._write(("\r" + line + "\033[K") if self.tty else line + "\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except OSError:  # a closed terminal (EIO until its SIGHUP arrives): no progress, the training goes on
+            self.enabled = False
 
     def close(self) -> None:
         if self.enabled and self.tty:
-            sys.stderr.write("\n")
+            self._write("\n")
 
 
 def _duration(seconds: float) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import errno
 import json
 import os
 import random
@@ -50,6 +51,9 @@ from offrl.nets import gradient_step, warn_if_emulated_bf16
 # numbers beyond rounding. Where a
 # learning-rate schedule spans --steps (a config's `schedule_spans_steps`), a new budget changes the schedule
 # from the resume on: allowed (RELIABILITY.md), with a warning.
+RECORDED_DATA_OPTIONS = {"data.env_id": "env_id", "data.ref_min_score": "ref_min_score",
+                         "data.ref_max_score": "ref_max_score"}
+"""Data options a resume may set, unset at the start, to the value the run's dataset.json recorded."""
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
                      "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal")
 # The algorithms whose update reads --run.compile; the others take the option and would ignore it.
@@ -294,10 +298,11 @@ class Run:
     def _check_same_config(self, state: dict) -> None:
         saved = json.loads(state.get("config", "{}"))
         changed = config_changes(saved, self.config, default_config(type(self.cfg)))
-        # --data.env-id naming the env the run evaluated on (its dataset.json), which _check_same_data asks for
-        # when the data's default env changed since (a D4RL file: v5 before offrl evaluated those on v4)
-        evaluated_on = self._recorded_env_id()
-        changed = [c for c in changed if not (c[0] == "data.env_id" and c[1] is None and c[2] == evaluated_on)]
+        # --data.env-id / --data.ref-*-score giving what the run's dataset.json recorded, which _check_same_data
+        # asks for when the data's defaults changed since (a D4RL file: v5 before offrl evaluated those on v4)
+        recorded = self._recorded_data()
+        changed = [c for c in changed if not (c[0] in RECORDED_DATA_OPTIONS and c[1] is None
+                                              and c[2] == recorded.get(RECORDED_DATA_OPTIONS[c[0]]))]
         if changed:
             details = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in changed)
             raise CheckpointError(f"checkpoint {self.resume_from}: the config differs from the run being resumed ({details})")
@@ -308,12 +313,13 @@ class Run:
                   f"{self.cfg.steps} instead of {saved['steps']}, it follows the new budget from here on (the rate "
                   "jumps to that schedule's value now)", file=sys.stderr)
 
-    def _recorded_env_id(self) -> str | None:
-        """The env this run's evaluations ran on, from its dataset.json (None where unread or unrecorded)."""
+    def _recorded_data(self) -> dict:
+        """This run's dataset.json ({} where unread)."""
         try:
-            return json.loads((self.dir / "dataset.json").read_text()).get("env_id")
-        except (OSError, ValueError, AttributeError):
-            return None
+            record = json.loads((self.dir / "dataset.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     @staticmethod
     def _data_record(data: Any) -> dict[str, Any]:
@@ -344,6 +350,13 @@ class Run:
             raise CheckpointError(f"{self.dir}: this run evaluated on {saved['env_id']}, the data now names "
                                   f"{current['env_id']}; resume with --data.env-id {saved['env_id']} to keep its "
                                   "evaluations comparable, or start a new run folder")
+        for key, option in (("ref_min_score", "--data.ref-min-score"), ("ref_max_score", "--data.ref-max-score")):
+            if key in saved and saved[key] != current.get(key):
+                # its scores so far were normalized with the saved references: another pair (or none, e.g. D4RL's
+                # table dropped for another env) would put other units into its records and best score
+                raise CheckpointError(f"{self.dir}: this run's scores were normalized with {key} {saved[key]!r}, the "
+                                      f"data now gives {current.get(key)!r}; resume with {option} {saved[key]!r} "
+                                      "to keep them, or start a new run folder")
         if saved["trained_checksum"] != current["trained_checksum"]:
             changed = [f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in
                        ("checksum", "transitions", "reward_scale", "reward_bias", "normalized_states", "corruption")
@@ -573,6 +586,22 @@ class Run:
         return final
 
 
+def is_terminal(fd: int) -> bool:
+    """Whether `fd` is a terminal, a hung-up one included: os.isatty asks tcgetattr, which fails with EIO once
+    the terminal has closed, so isatty is False on exactly the terminals whose writes fail."""
+    try:
+        import termios
+    except ImportError:  # not POSIX
+        return os.isatty(fd)
+    try:
+        termios.tcgetattr(fd)
+    except termios.error as exc:
+        return bool(exc.args) and exc.args[0] == errno.EIO
+    except OSError:
+        return False
+    return True
+
+
 def say_stopping(signum: int, message: str) -> None:
     """A stop signal's notice, from its handler. A closed terminal is hung up before its SIGHUP arrives, and
     every write to it then fails (EIO), in the handler and in whatever prints next (progress, the checkpoint's
@@ -585,7 +614,7 @@ def say_stopping(signum: int, message: str) -> None:
             devnull = None
         for fd in (1, 2):
             try:
-                if devnull is not None and os.isatty(fd):
+                if devnull is not None and is_terminal(fd):
                     os.dup2(devnull, fd)
             except OSError:
                 pass

@@ -97,10 +97,11 @@ def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_p
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
-def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_nothing_behind(tiny, tmp_path):
+def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_no_new_folder(tiny, tmp_path):
     """A kill between the seeds' checkpoint writes leaves them at different steps: --seeds --resume says to resume
     each alone, lets go of the folders (each alone then resumes) and removes a folder it made for a seed without
-    a checkpoint, so retries do not pile up empty folders."""
+    a checkpoint, so retries do not pile up empty folders. (The seeds' existing folders keep what their Runs
+    wrote before the refusal: config.json, a resume entry in environment.json.)"""
     import signal
 
     args = ["--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--hidden", "16", "16",

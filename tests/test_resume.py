@@ -74,32 +74,35 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
 
 def test_a_closed_terminal_stops_the_run_with_a_checkpoint_at_its_step(tiny, tmp_path):
     """A terminal that closes is hung up before its SIGHUP arrives: every write to it fails (EIO) from then on,
-    the signal handler's notice included. The run still checkpoints the step it was on and exits as on SIGTERM
-    (it had died with a traceback in the middle of a step, losing everything since its last checkpoint)."""
+    the progress line's and the signal handler's notice included, and it no longer counts as a terminal for
+    os.isatty. The run still checkpoints the step it was on and exits as on SIGTERM (it had died with a
+    traceback in the middle of a step, losing everything since its last checkpoint)."""
     import pty
-    import threading
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(tmp_path)], cwd=ROOT,
+    args = [a for a in COMMON if a != "--log.no-progress"]  # the progress line redraws on a terminal
+    proc = subprocess.Popen([PYTHON, "-m", "algos.td3_bc", *args, "--run.out-dir", str(tmp_path)], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL, stdout=slave,
                             stderr=slave, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     os.close(slave)
+    os.set_blocking(master, False)  # read here, never by a thread blocked in read: that would keep the pty open
 
-    def drain():  # what the run prints before the hang-up, so that it never waits on a full terminal
+    def drain():  # what the run prints, so that it never waits on a full terminal
         try:
             while os.read(master, 4096):
                 pass
         except OSError:
             pass
 
-    threading.Thread(target=drain, daemon=True).start()
     deadline = time.time() + 120
     while time.time() < deadline:
+        drain()
         found = list(tmp_path.glob("td3_bc/*/*/checkpoints/last.pt"))
         if found and (saved_step(found[0]) or 0) >= 300:
             break
         time.sleep(0.02)
-    os.close(master)  # the terminal is gone
+    os.close(master)  # the terminal is gone: hung up now, its SIGHUP after the run has written to it again
+    time.sleep(0.5)
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(timeout=120) == 128 + signal.SIGHUP
     run_dir = only_run(tmp_path)
@@ -177,6 +180,24 @@ def test_resume_refuses_a_run_whose_evaluation_env_changed(tiny, tmp_path):
     other = run_cli(PYTHON, "-m", "algos.td3_bc", *args[2:], "--steps", "60", "--resume", "latest",
                     "--data.env-id", "InvertedPendulum-v5", check=False)  # any other env is still refused
     assert other.returncode == 1 and "data.env_id" in other.stderr
+
+
+def test_resume_keeps_the_reference_scores_a_run_normalized_with(tiny, tmp_path):
+    """A run whose data now gives other reference scores (or none: D4RL's table is dropped for another env) would
+    record scores in other units than before and mix them in its best score: refused, naming the option that keeps
+    the recorded ones, which then resumes it."""
+    args = ["--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--hidden", "16",
+            "--run.out-dir", str(tmp_path)]
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "20", *args)
+    record_path = only_run(tmp_path) / "dataset.json"
+    record = json.loads(record_path.read_text())
+    wanted = record["ref_max_score"] + 1.0
+    record_path.write_text(json.dumps({**record, "ref_max_score": wanted}))
+    refused = run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "40", *args, "--resume", "latest", check=False)
+    assert refused.returncode == 1 and f"normalized with ref_max_score {wanted!r}" in refused.stderr
+    assert f"--data.ref-max-score {wanted!r}" in refused.stderr and "Traceback" not in refused.stderr
+    run_cli(PYTHON, "-m", "algos.td3_bc", "--steps", "40", *args, "--resume", "latest", "--data.ref-max-score", str(wanted))
+    assert json.loads((only_run(tmp_path) / "final.json").read_text())["steps"] == 40
 
 
 def test_a_resume_that_changes_a_schedule_over_steps_says_so(tiny, tmp_path):

@@ -93,7 +93,7 @@ def missing_reference_scores(metadata: dict) -> str | None:
     if metadata.get("d4rl_env"):
         return (f"no reference scores: D4RL's table gives returns in its v2 envs, which offrl evaluates on "
                 f"{scores.GYMNASIUM_ENV_FOR_D4RL[metadata['d4rl_env']]}; on {metadata.get('env_id')} runs report raw "
-                "returns (DT needs --target-return) unless you pass --data.ref-min-score and --data.ref-max-score")
+                "returns unless you pass --data.ref-min-score and --data.ref-max-score")
     return ("no reference scores (ref_min_score/ref_max_score): runs report raw returns, not normalized scores, and "
             "DT needs --target-return; pass --data.ref-min-score and --data.ref-max-score (random and expert returns)")
 
