@@ -248,6 +248,10 @@ def datasets_verify(args) -> None:
         result = suite.verify(dataset_id)
         status = "ok" if result["ok"] else "MISMATCH"
         compared = ", ".join(f"{name} {result[name]}" for name in ("stored", "reference") if result[name])
+        refs = result["reference_scores"]
+        if refs["stored"] is not None and refs["stored"] != refs["regenerated"]:
+            compared += (f"; reference scores stored {refs['stored'][0]:.6g}/{refs['stored'][1]:.6g}, regenerated "
+                         f"{refs['regenerated'][0]:.6g}/{refs['regenerated'][1]:.6g}")
         print(f"{dataset_id}: {status} (regenerated {result['regenerated']}; {compared}; {result['seconds']:.1f} s)",
               flush=True)
         if not result["ok"]:

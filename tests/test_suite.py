@@ -123,6 +123,14 @@ def test_verify_regenerates_exactly_and_catches_a_mismatch(policy_root):
     meta_path.write_text(json.dumps(meta))
     bad = run_cli("offrl", "datasets", "verify", "offrl/pendulum/medium-replay-v0", check=False)
     assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "did not regenerate exactly" in bad.stderr
+    # the same arrays with other reference scores (which the checksum does not cover) are a mismatch too
+    good = json.loads(meta_path.read_text())
+    good["offrl"] = json.dumps({**info, "checksum": suite.regenerate_checksum("offrl/pendulum/medium-replay-v0")})
+    good["ref_max_score"] = good["ref_max_score"] + 1.0
+    meta_path.write_text(json.dumps(good))
+    result = suite.verify("offrl/pendulum/medium-replay-v0")
+    assert result["regenerated"] == result["stored"] and not result["ok"]
+    assert result["reference_scores"]["stored"][1] == result["reference_scores"]["regenerated"][1] + 1.0
 
 
 def test_bring_your_own_policy(policy_root, tmp_path, tiny):

@@ -3,8 +3,8 @@
 `collect` steps N envs together with one batched policy call per step and gives every new
 episode an explicit reset seed (seed, seed + 1, ... in the order episodes start), so the same
 arguments produce the same transitions bit for bit on the same platform. It stops at exactly
-`transitions` rows: the episodes still running then are cut and marked truncated (bootstrapped),
-as D4RL's fixed-size datasets end with time-outs.
+`transitions` rows: the episodes still running then are cut and marked truncated (bootstrapped);
+D4RL's fixed-size datasets leave their last, cut trajectory without either flag.
 
 A policy is `policy(obs [n, obs_dim] float64, step) -> actions [n, act_dim]`, where `step` counts
 the transitions collected so far; a schedule of checkpoints (medium-replay) switches on it, as the

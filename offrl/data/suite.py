@@ -350,10 +350,11 @@ class SuiteBuilder:
 
 LEVEL_DESCRIPTIONS = {
     "random": "{env_id}, uniform random actions; episodes reset with seeds from the level seed up.",
-    "medium": "{env_id}, SAC snapshot at env step {medium_step} (eval return {medium_return:.0f}, about a third "
-              "to a half of the expert's), actions sampled from the policy.",
+    "medium": "{env_id}, SAC snapshot at env step {medium_step} (eval return {medium_return:.0f}; its sampled "
+              "return about a third to a half of the expert's), actions sampled from the policy.",
     "medium-replay": "{env_id}, the SAC learner's experience until medium (env step {medium_step}): uniform actions "
-                     "for {learning_starts} steps, then each saved snapshot in turn from its step, actions sampled.",
+                     "for {learning_starts} steps, then each saved snapshot in turn (the first from there, each "
+                     "later one from its step), actions sampled.",
     "expert": "{env_id}, final SAC policy (env step {expert_step}, eval return {expert_return:.0f}), actions sampled.",
     "medium-expert": "{env_id}, the medium and expert datasets concatenated.",
 }
@@ -442,6 +443,12 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
 
 def regenerate_checksum(dataset_id: str) -> str:
     """Regenerate a dataset in a scratch folder and return the checksum it gets."""
+    return regenerate(dataset_id)[0]
+
+
+def regenerate(dataset_id: str) -> tuple[str, tuple[float, float]]:
+    """Regenerate a dataset in a scratch folder: the checksum it gets (of its arrays) and its reference scores,
+    which the checksum does not cover (100 rollouts of the random and expert policies)."""
     if dataset_id in suite_ids():
         made = SuiteBuilder().made(dataset_id)  # needs only the committed policies, not a local copy
     elif dataset_id == STITCH_ID and not exists(dataset_id):
@@ -450,7 +457,7 @@ def regenerate_checksum(dataset_id: str) -> str:
         info = stored_info(dataset_id)
         made = make_custom_from_info(info) if info.get("recipe") == "custom" else _recipe(dataset_id, info)
     with tempfile.TemporaryDirectory() as scratch, _minari_root(Path(scratch)):
-        return write_minari_dataset(dataset_id, made)
+        return write_minari_dataset(dataset_id, made), (made.ref_min_score, made.ref_max_score)
 
 
 def stored_info(dataset_id: str) -> dict:
@@ -503,10 +510,22 @@ def verify(dataset_id: str) -> dict:
             raise DatasetError(dataset_id, "not on this machine and no reference checksum for it")
         raise DatasetError(dataset_id, "has no offrl checksum in its metadata: it was not made by offrl")
     start = time.perf_counter()
-    fresh = regenerate_checksum(dataset_id)
+    fresh, fresh_refs = regenerate(dataset_id)
+    # the local copy's reference scores too: a machine whose rollouts differ can match the arrays' checksum and
+    # still compute other scores (normalized scores would move with them)
+    stored_refs = _stored_reference_scores(dataset_id) if stored is not None else None
+    refs_ok = stored_refs is None or stored_refs == fresh_refs
     return {"id": dataset_id, "stored": stored, "reference": reference, "regenerated": fresh,
-            "ok": all(c == fresh for c in (stored, reference) if c is not None),
+            "reference_scores": {"stored": stored_refs, "regenerated": fresh_refs},
+            "ok": refs_ok and all(c == fresh for c in (stored, reference) if c is not None),
             "seconds": time.perf_counter() - start}
+
+
+def _stored_reference_scores(dataset_id: str) -> tuple[float, float] | None:
+    path = local_path(dataset_id) / "data" / "metadata.json"
+    meta = json.loads(path.read_text()) if path.exists() else {}
+    low, high = meta.get("ref_min_score"), meta.get("ref_max_score")
+    return None if low is None or high is None else (float(low), float(high))
 
 
 def ensure(dataset_id: str) -> None:
