@@ -201,6 +201,10 @@ FINISHED = "finished"
 """What `launch` returns for a run found finished once it held the run's lock."""
 
 
+def done_elsewhere(job: Job) -> None:
+    print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+
+
 def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | str | None:
     """Start the run's process, which inherits the run's lock and holds it until it exits; None when another
     process holds that lock (a run an earlier sweep started and that outlived it), FINISHED when the run
@@ -400,14 +404,14 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                 break
             pending.remove(job)
             if job.done():  # finished by a process of an earlier sweep meanwhile
-                print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                done_elsewhere(job)
                 continue
             if not retry_diverged and set_aside_diverged([job])[1]:  # diverged in another process meanwhile
                 failed.append(job)
                 continue
             proc = launch(job, common, threads)
             if proc == FINISHED:
-                print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                done_elsewhere(job)
                 continue
             if proc is None:
                 if job not in waiting:
@@ -434,7 +438,7 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                 proc = launch(job, common, entry.respawn_threads)
                 if proc == FINISHED:  # by another process, between this run's exit and the lock
                     running.remove(entry)
-                    print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+                    done_elsewhere(job)
                     continue
                 if proc is not None:
                     entry.proc, entry.threads = proc, entry.respawn_threads

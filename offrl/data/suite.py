@@ -460,11 +460,16 @@ def regenerate(dataset_id: str) -> tuple[str, tuple[float, float]]:
         return write_minari_dataset(dataset_id, made), (made.ref_min_score, made.ref_max_score)
 
 
-def stored_info(dataset_id: str) -> dict:
+def local_metadata(dataset_id: str) -> dict:
+    """The local copy's Minari metadata.json."""
     path = local_path(dataset_id) / "data" / "metadata.json"
     if not path.exists():
         raise DatasetError(dataset_id, "not on this machine (make it first with `offrl datasets make`)")
-    raw = json.loads(path.read_text()).get("offrl")
+    return json.loads(path.read_text())
+
+
+def stored_info(dataset_id: str) -> dict:
+    raw = local_metadata(dataset_id).get("offrl")
     return json.loads(raw) if isinstance(raw, str) else (raw or {})
 
 
@@ -522,8 +527,7 @@ def verify(dataset_id: str) -> dict:
 
 
 def _stored_reference_scores(dataset_id: str) -> tuple[float, float] | None:
-    path = local_path(dataset_id) / "data" / "metadata.json"
-    meta = json.loads(path.read_text()) if path.exists() else {}
+    meta = local_metadata(dataset_id)
     low, high = meta.get("ref_min_score"), meta.get("ref_max_score")
     return None if low is None or high is None else (float(low), float(high))
 
