@@ -20,12 +20,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from offrl.errors import CheckpointError
+from offrl.errors import CheckpointError, StopRequested
 
 try:
     import fcntl
@@ -83,16 +84,25 @@ def try_lock(file) -> bool:
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: str | os.PathLike, waiting: str | None = None):
+def exclusive(lock_path: str | os.PathLike, waiting: str | None = None, should_stop: Callable[[], bool] | None = None,
+              poll_seconds: float = 0.5):
     """Hold an exclusive lock on the file `lock_path` for the block; when another process holds it, print
-    `waiting` to stderr once and wait until it lets go (at the latest when that process exits)."""
+    `waiting` to stderr once and wait until it lets go (at the latest when that process exits). With
+    `should_stop`, the wait looks at it every `poll_seconds` and gives up with StopRequested when it is true
+    (a signal handler that only sets a flag cannot end a blocking flock: the call is retried after it)."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as lock:
         if not try_lock(lock):
             if waiting:
                 print(waiting, file=sys.stderr, flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            if should_stop is None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            else:
+                while not try_lock(lock):
+                    if should_stop():
+                        raise StopRequested(f"stopped waiting for the lock {lock_path}")
+                    time.sleep(poll_seconds)
         yield
 
 

@@ -20,3 +20,9 @@ class CheckpointError(OffrlError):
 
 class TrainingDiverged(OffrlError):
     """A loss became NaN/inf; the last good checkpoint is kept."""
+
+
+class StopRequested(Exception):
+    """A stop signal arrived during long work before a run's first step (a dynamics model training, or waiting
+    for another process's training of it); the work has checkpointed what it had (the message says where).
+    Not an OffrlError: `Run.before_first_step` turns it into the run's stop."""

@@ -282,6 +282,12 @@ class SeedRuns:
         if threading.current_thread() is threading.main_thread():  # one handler stops every seed's run
             for sig in self.process_handlers:  # the signals a Run handles (SIGHUP unless under nohup)
                 signal.signal(sig, self._request_stop)
+        # a signal while a later seed's Run was built reached the handler then installed, an earlier seed's run's:
+        # every seed stops on it (the loop reads the first run's flag)
+        pending = next((run.stop_signal for run in self.runs if run.stop_signal is not None), None)
+        if pending is not None:
+            for run in self.runs:
+                run.stop_signal = pending
 
     def _request_stop(self, signum, frame) -> None:
         if self.runs[0].stop_signal is not None:  # a second signal: stop now; the last periodic checkpoints stand

@@ -20,6 +20,7 @@ uninterrupted one (CPU).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import errno
@@ -27,6 +28,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -40,7 +42,7 @@ import torch
 from offrl import checkpoint as ckpt
 from offrl.config import from_dict, resolve_device, to_dict
 from offrl.data.sources import sanitize
-from offrl.errors import CheckpointError, OffrlError, TrainingDiverged
+from offrl.errors import CheckpointError, OffrlError, StopRequested, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics, write_json
 from offrl.nets import gradient_step, warn_if_emulated_bf16
@@ -221,6 +223,7 @@ class Run:
         # SIGTERM / SIGINT: finish the current step, checkpoint exactly there, exit (resume continues
         # bit-for-bit); a session that ends, or Ctrl-C, then loses no training.
         self.stop_signal: int | None = None
+        self._preparing: tuple[str, str] | None = None  # (doing, stops) inside `before_first_step`
         self._previous_handlers = {}
         if threading.current_thread() is threading.main_thread():
             hangup = getattr(signal, "SIGHUP", None)  # a closed terminal; not on Windows
@@ -235,8 +238,45 @@ class Run:
         if self.stop_signal is not None:  # a second signal: stop now; the last periodic checkpoint stands
             raise KeyboardInterrupt
         self.stop_signal = signum
-        say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) with "
-                             "a checkpoint; signal again to stop at once\n")
+        if self._preparing is not None:
+            say_stopping(signum, f"signal {signum}: stopping {self._preparing[1]}; signal again to stop at once\n")
+        else:
+            say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) "
+                                 "with a checkpoint; signal again to stop at once\n")
+
+    def stop_requested(self) -> bool:
+        return self.stop_signal is not None
+
+    @contextlib.contextmanager
+    def before_first_step(self, doing: str, stops: str):
+        """Long work before the run's first step (`doing`, e.g. training its dynamics model) that looks at
+        `stop_requested` itself and raises StopRequested where it can stop (`stops`, e.g. "after the model's
+        current epoch"). A signal then ends the run there, not after the work and one step: a new run has no
+        step to checkpoint and its folder, which holds nothing yet, is removed (a rerun of the command starts
+        it again, and the work continues from its own checkpoint); a resumed run's checkpoint stands. A second
+        signal (KeyboardInterrupt) ends it the same way at once."""
+        self._preparing = (doing, stops)
+        try:
+            yield
+        except (StopRequested, KeyboardInterrupt) as exc:
+            self._stop_before_first_step(doing, str(exc) if isinstance(exc, StopRequested) else "")
+        finally:
+            self._preparing = None
+        if self.stop_signal is not None:  # the work ended before it looked at the signal
+            self._stop_before_first_step(doing, "")
+
+    def _stop_before_first_step(self, doing: str, where: str) -> None:
+        signum = self.stop_signal if self.stop_signal is not None else signal.SIGINT
+        self.logger.close()
+        self._restore_signals()
+        self._folder_claim.close()
+        if self.resume_from is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
+        else:
+            kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
+        print(f"stopped by signal {signum} while {doing}: {kept}" + (f"; {where}" if where else ""), file=sys.stderr)
+        raise SystemExit(128 + signum)
 
     def _restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():

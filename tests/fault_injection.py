@@ -12,6 +12,8 @@ Faults, from environment variables (each counts events in this process only):
                               (FAULT_POISON_VALUE=inf for +inf)
     FAULT_SIGTERM_AT_STEP=K   the run sends itself SIGTERM as training step K begins (a stop at any step,
                               not only where a checkpoint or a log row falls)
+    FAULT_SIGNAL_AFTER_MODEL_EPOCH=N:SIG  a dynamics-model training sends this process SIG as its N-th epoch
+                              ends (before that epoch's checkpoint); FAULT_SIGNAL_TWICE=1 sends it twice
 
 Nothing here is imported by offrl: the faults are patched in from outside, as a test harness would.
 """
@@ -139,6 +141,25 @@ def patch_steps() -> None:
     multiseed.SeedRuns.steps = stopping_at(multiseed.SeedRuns.steps)  # --seeds: one loop for every seed's run
 
 
+def patch_model_epochs() -> None:
+    value = os.environ.get("FAULT_SIGNAL_AFTER_MODEL_EPOCH")
+    if not value:
+        return
+    epoch, sig = (int(x) for x in value.split(":"))
+    from world_models import ensemble
+
+    real_train_epoch = ensemble.EnsembleTrainer.train_epoch
+
+    def train_epoch(self):
+        real_train_epoch(self)
+        if self.epoch == epoch:
+            os.kill(os.getpid(), sig)
+            if os.environ.get("FAULT_SIGNAL_TWICE"):
+                os.kill(os.getpid(), sig)
+
+    ensemble.EnsembleTrainer.train_epoch = train_epoch
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
         raise SystemExit("usage: python tests/fault_injection.py -m MODULE [ARGS...]")
@@ -149,6 +170,7 @@ def main() -> None:
     patch_evaluation()
     patch_losses()
     patch_steps()
+    patch_model_epochs()
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

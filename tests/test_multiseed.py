@@ -97,6 +97,34 @@ def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_p
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+def test_a_signal_while_a_later_seeds_run_is_built_stops_every_seed(tiny, tmp_path, monkeypatch):
+    """The signal reaches the handler installed then, the last-built seed's run's; the loop reads the first run's
+    flag: every seed stops after the first step, with a checkpoint, instead of the signal being lost."""
+    import os
+    import signal
+
+    from algos import bc
+    from offrl import run as offrl_run
+
+    from conftest import saved_step
+
+    real_init = offrl_run.Run.__init__
+
+    def init(self, algo, cfg, *args, **kwargs):
+        real_init(self, algo, cfg, *args, **kwargs)
+        if cfg.seed == 1:  # the last seed's run is built and holds the handler
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(offrl_run.Run, "__init__", init)
+    cfg = bc.Config(steps=20, seeds=[0, 1])
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        bc.train_seeds(cfg)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    for seed in (0, 1):
+        assert saved_step(run_folder(tmp_path, seed, "bc") / "checkpoints" / "last.pt") == 1
+
+
 def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_no_new_folder(tiny, tmp_path):
     """A kill between the seeds' checkpoint writes leaves them at different steps: --seeds --resume says to resume
     each alone, lets go of the folders (each alone then resumes) and removes a folder it made for a seed without

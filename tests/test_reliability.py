@@ -181,6 +181,31 @@ def test_a_second_signal_stops_at_once(tiny, tmp_path):
     assert saved_step(the_run(tmp_path) / "checkpoints" / "last.pt") == 100  # the periodic checkpoint stands
 
 
+MOPO = ["-m", "algos.mopo", "--steps", "20", "--eval.every", "0", "--log.every", "10", "--rollout-every", "10",
+        "--rollout-batch", "50", "--hidden", "32", "32", *tiny_model(max_epochs=4), *QUIET]
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_signal_while_the_dynamics_model_trains_stops_the_run_there(tiny, tmp_path, monkeypatch, twice):
+    """Not after the model (hours on a CPU) and one step: after the model's epoch, which is checkpointed (a second
+    signal: at once, the previous epoch's checkpoint standing). The new run had done nothing: its folder goes;
+    the same command then continues the model's training and runs."""
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
+    faults = {"FAULT_SIGNAL_AFTER_MODEL_EPOCH": f"2:{int(signal.SIGTERM)}", **({"FAULT_SIGNAL_TWICE": "1"} if twice else {})}
+    code, _, err = finish(launch(MOPO, tmp_path / "runs", faults))
+    assert code == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert "stopped by signal 15 while getting its dynamics model: the run had done no step" in err, err
+    assert not [p for p in (tmp_path / "runs").glob("mopo/*/*")]  # the empty run folder is gone
+    (training,) = (tmp_path / "models").glob("*/training.pt")
+    kept_epoch = 1 if twice else 2
+    assert ckpt.load(training)["epoch"] == kept_epoch and not list((tmp_path / "models").glob("*/model.pt"))
+    if not twice:
+        assert f"checkpointed at epoch 2 in {training}" in err, err
+    code, _, err = finish(launch(MOPO, tmp_path / "runs"))
+    assert code == 0 and f"continuing the training in {training} at epoch {kept_epoch}" in err, err
+    assert final(the_run(tmp_path / "runs"))["dynamics_model"]["epochs"] == 4
+
+
 TINY_MODEL = [*tiny_model(max_epochs=2), "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
 ALGORITHM_ARGS = {
     "bc": ["--hidden", "32", "32"], "td3_bc": ["--hidden", "32", "32"], "iql": ["--hidden", "32", "32"],

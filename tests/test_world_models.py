@@ -376,6 +376,30 @@ def test_a_model_being_trained_by_another_process_is_waited_for_and_reused(tiny,
     assert stdout.splitlines()[-1].endswith(str(path))  # the model this test trained
 
 
+def test_a_stop_asked_for_while_waiting_for_another_training_ends_the_wait(tiny, tmp_path, capsys):
+    """A run's stop signal only sets a flag, and a blocking flock is retried after it: the wait polls the flag
+    instead, and gives up with StopRequested once it is set (here on its third look), training nothing."""
+    from offrl import checkpoint as ckpt
+    from offrl.data import load_dataset
+    from offrl.errors import StopRequested
+    from world_models import train
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16, 16), weight_decay=(0.0, 0.0, 0.0), max_epochs=2)
+    folder = train.cache_folder(dataset, cfg, 0, tmp_path)
+    looks = []
+
+    def should_stop():
+        looks.append(1)
+        return len(looks) == 3
+
+    with ckpt.exclusive(folder / "lock"):  # another training holds the entry
+        with pytest.raises(StopRequested, match="stopped waiting for the lock"):
+            train.load_or_train(dataset, cfg, cache_dir=tmp_path, should_stop=should_stop)
+    assert len(looks) == 3 and "waiting for another process training" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["lock"]
+
+
 def test_a_model_of_other_dims_or_a_corrupt_file_is_refused(tmp_path):
     from offrl.errors import CheckpointError
     from world_models.train import load_model, save_model

@@ -138,16 +138,27 @@ def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_r
     return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))
 
 
-def load_dynamics(data, cfg, device: torch.device) -> tuple[DynamicsEnsemble, str, TerminationFn]:
+def load_dynamics(data, cfg, device: torch.device, should_stop: Callable[[], bool] | None = None
+                  ) -> tuple[DynamicsEnsemble, str, TerminationFn]:
     """From a `DynamicsModelConfig` (model, model_seed, model_path, retrain_model, seed): the cached or newly
-    trained ensemble of `data`, its file, and the termination function of the data's env."""
+    trained ensemble of `data`, its file, and the termination function of the data's env. `should_stop`:
+    see `world_models.train.load_or_train`."""
     from offrl.evaluation import env_spec_from_metadata
     from world_models.termination import termination_fn
     from world_models.train import load_or_train
 
     model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
-    model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model)
+    model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model,
+                                      should_stop=should_stop)
     return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
+
+
+def getting_the_model(run):
+    """The block in which a model-based run gets its dynamics model (loads it, trains it, or waits for another
+    process training it), passing `run.stop_requested` on: a stop signal ends the run after the training's
+    current epoch, which is checkpointed, or at once while it waits (`Run.before_first_step`)."""
+    return run.before_first_step("getting its dynamics model", "after the dynamics model's current epoch, which is "
+                                 "checkpointed (at once while waiting for another process's training of it)")
 
 
 def model_summary(model_file: str, model: DynamicsEnsemble) -> dict:
@@ -198,11 +209,12 @@ class ModelData:
         data.refuse_unknown_next_observations()  # before a dynamics model trains (hours on a CPU), not after
 
     @classmethod
-    def create(cls, data, cfg, horizon: int, device: torch.device) -> tuple["ModelData", str]:
+    def create(cls, data, cfg, horizon: int, device: torch.device, should_stop: Callable[[], bool] | None = None
+               ) -> tuple["ModelData", str]:
         """From an algorithm's config (model, model_seed, model_path, retrain_model,
         rollout_batch, retain_epochs, seed): the cached or newly trained model, the env's termination
-        function and the buffers."""
-        model, model_file, termination = load_dynamics(data, cfg, device)
+        function and the buffers. `should_stop`: see `world_models.train.load_or_train`."""
+        model, model_file, termination = load_dynamics(data, cfg, device, should_stop)
         return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), model_file
 
     def objects(self) -> dict:

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from offrl import checkpoint as ckpt
 from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
 from offrl.data.sources import NEXT_ROW, UNKNOWN_AT_EPISODE_ENDS
-from offrl.errors import CheckpointError, OffrlError
+from offrl.errors import CheckpointError, OffrlError, StopRequested
 from offrl.nets import seeded_cpu_init, warn_if_emulated_bf16
 from world_models.ensemble import (DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, check_config, fit,
                                    transitions_to_training)
@@ -160,9 +160,11 @@ def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: st
 
 def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: torch.device | str = "cpu",
                   model_path: str | None = None, retrain: bool = False, cache_dir: str | Path | None = None,
-                  progress: bool = True) -> tuple[DynamicsEnsemble, Path]:
+                  progress: bool = True, should_stop: Callable[[], bool] | None = None) -> tuple[DynamicsEnsemble, Path]:
     """The model for `dataset` (raw, unnormalized transitions): `model_path` if given, else the cached
-    one for this dataset, config and seed, else a new one trained (continuing a stopped training)."""
+    one for this dataset, config and seed, else a new one trained (continuing a stopped training).
+    `should_stop` (a run's stop signal): looked at after each epoch's checkpoint and while waiting for another
+    process's training; when true, StopRequested says where the training stands."""
     device = torch.device(device)
     if model_path is not None:
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
@@ -170,12 +172,14 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
     folder = cache_folder(dataset, cfg, seed, cache_dir)
     # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
     # wait for it and reuse its model instead of training the same one again.
-    with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}"):
-        return _load_or_train(dataset, cfg, seed, device, folder, checksum, retrain, progress)
+    with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}",
+                        should_stop):
+        return _load_or_train(dataset, cfg, seed, device, folder, checksum, retrain, progress, should_stop)
 
 
 def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: torch.device, folder: Path,
-                   checksum: str, retrain: bool, progress: bool) -> tuple[DynamicsEnsemble, Path]:
+                   checksum: str, retrain: bool, progress: bool,
+                   should_stop: Callable[[], bool] | None = None) -> tuple[DynamicsEnsemble, Path]:
     path, training = folder / "model.pt", folder / "training.pt"
     if path.exists() and not retrain:
         if progress:
@@ -214,6 +218,9 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
             print(f"dynamics model | epoch {t.epoch} | train NLL {np.mean(t.last_train_nll):.4g} | holdout MSE per "
                   f"member {holdout} | {t.epochs_without_improvement}/{cfg.patience} epochs without improvement | "
                   f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        if should_stop is not None and should_stop() and not t.done:
+            raise StopRequested(f"the dynamics model's training is checkpointed at epoch {t.epoch} in {training} "
+                                "and continues from there")
 
     fit(model, inputs, targets, on_epoch=on_epoch, trainer=trainer)
     from offrl.logging import environment_info
@@ -255,3 +262,7 @@ if __name__ == "__main__":
     except OffrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C: training.pt (written atomically) holds the last finished epoch
+        print("interrupted; a training is checkpointed at its last finished epoch: the same command continues it",
+              file=sys.stderr)
+        raise SystemExit(130) from None
