@@ -59,7 +59,7 @@ from offrl.nets import seeded_cpu_init
 from offrl.run import Run, cli_main
 from world_models.ensemble import DynamicsEnsemble
 from world_models.config import DynamicsModelConfig
-from world_models.rollout import ModelData, getting_the_model, load_dynamics, model_step, model_summary
+from world_models.rollout import ModelData, load_dynamics, model_step, model_summary
 from world_models.termination import TerminationFn
 
 
@@ -365,8 +365,7 @@ def train(cfg: Config) -> dict:
     device = run.device
     dataset = data.dataset
 
-    with getting_the_model(run):
-        model, model_file, termination = load_dynamics(data, cfg, device, run.stop_requested)
+    model, model_file, termination = load_dynamics(data, cfg, run)
 
     observations = torch.as_tensor(dataset.observations, device=device)
     actions = torch.as_tensor(dataset.actions, device=device)

@@ -42,7 +42,7 @@ from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
-from world_models.rollout import ModelData, getting_the_model, model_summary, bellman_penalty, benchmark_model_data, real_rows
+from world_models.rollout import ModelData, model_summary, bellman_penalty, benchmark_model_data, real_rows
 
 # (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (docs/FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
@@ -162,8 +162,7 @@ def train(cfg: Config) -> dict:
     tune_alpha = cfg.tune_alpha if cfg.tune_alpha is not None else tune_alpha
     real_ratio = cfg.real_ratio if cfg.real_ratio is not None else (real_ratio or 0.05)
     run = Run("mobile", resolve_config(cfg), data)
-    with getting_the_model(run):
-        model_data, model_file = ModelData.create(data, cfg, horizon, run.device, run.stop_requested)
+    model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)
     state = {"agent": agent, **model_data.objects()}
     n_real = real_rows(cfg.batch_size, real_ratio)

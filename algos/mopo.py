@@ -44,7 +44,7 @@ from offrl.data import TrainingData, load_for_training
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
-from world_models.rollout import ModelData, getting_the_model, model_summary, aleatoric_penalty, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, aleatoric_penalty, benchmark_model_data
 
 # (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (docs/FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
@@ -89,8 +89,7 @@ def train(cfg: Config) -> dict:
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
     run = Run("mopo", cfg, data)
-    with getting_the_model(run):
-        model_data, model_file = ModelData.create(data, cfg, horizon, run.device, run.stop_requested)
+    model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = MOPO(cfg, data, run.device)
     state = {"agent": agent, **model_data.objects()}
     print(f"mopo: rollout length {horizon}, penalty coefficient {penalty_coef}, elites {model_data.model.elites}")

@@ -45,7 +45,7 @@ from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, soft
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
-from world_models.rollout import ModelData, getting_the_model, model_summary, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, benchmark_model_data
 
 
 @dataclass
@@ -148,8 +148,7 @@ def train(cfg: Config) -> dict:
     ModelData.check_raw(data, "ravl", cfg.model)
     horizon = cfg.rollout_length or 5
     run = Run("ravl", cfg, data)
-    with getting_the_model(run):
-        model_data, model_file = ModelData.create(data, cfg, horizon, run.device, run.stop_requested)
+    model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = RAVL(cfg, data, run.device)
     state = {"agent": agent, **model_data.objects()}
     print(f"ravl: rollout length {horizon}, {cfg.num_critics} critics, eta {cfg.eta}, elites {model_data.model.elites}")

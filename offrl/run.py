@@ -244,6 +244,13 @@ class Run:
             say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) "
                                  "with a checkpoint; signal again to stop at once\n")
 
+    def restored_object(self, name: str) -> Any:
+        """The state a resumed run's checkpoint holds for its object `name` (None: a new run, or no such object),
+        for what must be built from it before `steps` restores every object (a model-based run's dynamics model)."""
+        if self._restored_state is None:
+            return None
+        return self._restored_state["objects"].get(name)
+
     def stop_requested(self) -> bool:
         return self.stop_signal is not None
 

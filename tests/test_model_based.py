@@ -49,28 +49,29 @@ def test_mopo_smoke_and_its_model_is_reused(tiny, tmp_path, model_cache):
 def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
     """Stopped after 150 steps (between two rollout rounds) and continued to 200, as one 200-step run (MOPO has
     no schedule that depends on --steps; MOBILE's cosine actor schedule does, so its runs resume only with the
-    same --steps), even when the cached dynamics model changed in between."""
+    same --steps), even when the cached dynamics model is gone by then (resumed on another machine): the run
+    rolls out the model its checkpoint holds and trains none."""
     args = ["--eval.every", "0", *FAST]
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "straight"))
     run_cli(PYTHON, "-m", "algos.mopo", "--steps", "150", *args, "--run.out-dir", str(tmp_path / "split"))
+    import shutil
+
     import torch
 
     from offrl import checkpoint as ckpt
 
-    # the cached model made again meanwhile (e.g. on another device): the resumed run keeps the model it started
-    # with, which its checkpoint holds
-    (model_file,) = model_cache.glob("*/model.pt")
-    cached = ckpt.load(model_file)
-    cached["model"] = {k: v + 0.1 if v.is_floating_point() else v for k, v in cached["model"].items()}
-    ckpt.save(model_file, cached)
-    run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "split"),
-            "--resume", "latest")
+    shutil.rmtree(model_cache)
+    resumed = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "200", *args, "--run.out-dir", str(tmp_path / "split"),
+                      "--resume", "latest")
+    assert "the run's checkpoint holds it" in resumed.stderr and "dynamics model | epoch" not in resumed.stderr
+    assert not model_cache.exists()
 
     runs = [next((tmp_path / name).glob("mopo/*/*")) for name in ("straight", "split")]
     finals = [{k: v for k, v in json.loads((r / "final.json").read_text()).items() if k not in VOLATILE} for r in runs]
-    # the split run's record says its model is not the file's any more, and gives the model it rolled out
+    # the split run's record says its model's file is not there, and gives the model it rolled out
     models = [final.pop("dynamics_model") for final in finals]
     assert "file_unread" in models[1] and "sha256" in models[0] and "sha256" not in models[1]
+    assert models[1]["file"] == models[0]["file"]  # the cache entry it started from
     assert models[1]["holdout_mse"] == models[0]["holdout_mse"] and models[1]["elites"] == models[0]["elites"]
     assert finals[0] == finals[1] and "eval/return_mean" in finals[0]
     rows = [[{k: v for k, v in json.loads(line).items() if k not in VOLATILE}

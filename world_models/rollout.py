@@ -18,6 +18,7 @@ correction, as torch's default there).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -138,27 +139,34 @@ def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_r
     return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))
 
 
-def load_dynamics(data, cfg, device: torch.device, should_stop: Callable[[], bool] | None = None
-                  ) -> tuple[DynamicsEnsemble, str, TerminationFn]:
+def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]:
     """From a `DynamicsModelConfig` (model, model_seed, model_path, retrain_model, seed): the cached or newly
-    trained ensemble of `data`, its file, and the termination function of the data's env. `should_stop`:
-    see `world_models.train.load_or_train`."""
+    trained ensemble of `data` for `run` (an `offrl.run.Run`), its file, and the termination function of the
+    data's env.
+
+    A stop signal meanwhile ends the run after the training's current epoch, which is checkpointed, or at once
+    while it waits for another process training the same model (`Run.before_first_step`). A resumed run rolls
+    out the model its checkpoint holds (the cache entry may have been trained again since), so it takes that one
+    and neither loads nor trains a cached model: resumed on a machine whose cache lacks it, it would otherwise
+    train one for hours only to replace it. With --model-path the file is read for its config."""
     from offrl.evaluation import env_spec_from_metadata
     from world_models.termination import termination_fn
-    from world_models.train import load_or_train
+    from world_models.train import cache_folder, load_or_train
 
+    termination = termination_fn(env_spec_from_metadata(data.metadata))
     model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
-    model, model_file = load_or_train(data.dataset, cfg.model, model_seed, device, cfg.model_path, cfg.retrain_model,
-                                      should_stop=should_stop)
-    return model, str(model_file), termination_fn(env_spec_from_metadata(data.metadata))
-
-
-def getting_the_model(run):
-    """The block in which a model-based run gets its dynamics model (loads it, trains it, or waits for another
-    process training it), passing `run.stop_requested` on: a stop signal ends the run after the training's
-    current epoch, which is checkpointed, or at once while it waits (`Run.before_first_step`)."""
-    return run.before_first_step("getting its dynamics model", "after the dynamics model's current epoch, which is "
-                                 "checkpointed (at once while waiting for another process's training of it)")
+    resumed = run.restored_object("dynamics_model")
+    if resumed is not None and cfg.model_path is None:
+        with torch.random.fork_rng(devices=[]):  # the weights are the checkpoint's: leave the run's RNG alone
+            model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg.model)
+        model.load_state_dict(resumed)
+        print("dynamics model: the run's checkpoint holds it; not loaded from the cache", file=sys.stderr)
+        return model.to(run.device), str(cache_folder(data.dataset, cfg.model, model_seed) / "model.pt"), termination
+    with run.before_first_step("getting its dynamics model", "after the dynamics model's current epoch, which is "
+                               "checkpointed (at once while waiting for another process's training of it)"):
+        model, model_file = load_or_train(data.dataset, cfg.model, model_seed, run.device, cfg.model_path,
+                                          cfg.retrain_model, should_stop=run.stop_requested)
+    return model, str(model_file), termination
 
 
 def model_summary(model_file: str, model: DynamicsEnsemble) -> dict:
@@ -209,13 +217,12 @@ class ModelData:
         data.refuse_unknown_next_observations()  # before a dynamics model trains (hours on a CPU), not after
 
     @classmethod
-    def create(cls, data, cfg, horizon: int, device: torch.device, should_stop: Callable[[], bool] | None = None
-               ) -> tuple["ModelData", str]:
-        """From an algorithm's config (model, model_seed, model_path, retrain_model,
-        rollout_batch, retain_epochs, seed): the cached or newly trained model, the env's termination
-        function and the buffers. `should_stop`: see `world_models.train.load_or_train`."""
-        model, model_file, termination = load_dynamics(data, cfg, device, should_stop)
-        return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, device, cfg.seed), model_file
+    def create(cls, data, cfg, horizon: int, run) -> tuple["ModelData", str]:
+        """From an algorithm's config (model, model_seed, model_path, retrain_model, rollout_batch, retain_epochs,
+        seed): the model (`load_dynamics`: cached, trained, or `run`'s checkpoint's), the env's termination
+        function and the buffers on the run's device."""
+        model, model_file, termination = load_dynamics(data, cfg, run)
+        return cls(data, model, termination, horizon, cfg.rollout_batch, cfg.retain_epochs, run.device, cfg.seed), model_file
 
     def objects(self) -> dict:
         """The checkpointed state. The dynamics model is in it too: a resume then rolls out the model the run
