@@ -201,8 +201,24 @@ FINISHED = "finished"
 """What `launch` returns for a run found finished once it held the run's lock."""
 
 
-def done_elsewhere(job: Job) -> None:
+def other_options(job: Job, common: list[str]) -> str | None:
+    """For a finished run: which of its options differ from this sweep's command line for it (None: none).
+    `check_finished_options` looks at the runs finished when a sweep starts; a run another process (a second
+    sweep under the same name) finishes while this one waits for it is looked at here."""
+    if changes := option_changes(job, common):
+        return "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+    return None
+
+
+def done_elsewhere(job: Job, common: list[str]) -> bool:
+    """Report a run another process finished meanwhile; False (a failure of this sweep) when that process ran it
+    with other options than this sweep asks for."""
+    if details := other_options(job, common):
+        print(f"FAILED {job.label} {job.dataset} seed {job.seed}: finished by another process with other options "
+              f"than this sweep's ({details}); a new --name or --out-dir keeps both", flush=True)
+        return False
     print(f"done {job.label} {job.dataset} seed {job.seed} (by another process)", flush=True)
+    return True
 
 
 def launch(job: Job, common: list[str], threads: int) -> subprocess.Popen | str | None:
@@ -260,8 +276,7 @@ def check_finished_options(jobs: list[Job], common: list[str]) -> None:
     (an unfinished one would be refused by its own resume)."""
     problems, stranded = [], []
     for job in jobs:
-        if job.done() and (changes := option_changes(job, common)):
-            details = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+        if job.done() and (details := other_options(job, common)):
             problems.append(f"{job.run_dir}: {details}")
         elif (job.run_dir / "final.json").exists() and not job.done() and not job.has_checkpoint():
             # e.g. a committed record (no checkpoints): --resume auto would start it afresh in <seed>-sweep-1,
@@ -404,14 +419,16 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                 break
             pending.remove(job)
             if job.done():  # finished by a process of an earlier sweep meanwhile
-                done_elsewhere(job)
+                if not done_elsewhere(job, common):
+                    failed.append(job)
                 continue
             if not retry_diverged and set_aside_diverged([job])[1]:  # diverged in another process meanwhile
                 failed.append(job)
                 continue
             proc = launch(job, common, threads)
             if proc == FINISHED:
-                done_elsewhere(job)
+                if not done_elsewhere(job, common):
+                    failed.append(job)
                 continue
             if proc is None:
                 if job not in waiting:
@@ -438,7 +455,8 @@ def run(jobs: list[Job], common: list[str], parallel: int, spread_threads: bool 
                 proc = launch(job, common, entry.respawn_threads)
                 if proc == FINISHED:  # by another process, between this run's exit and the lock
                     running.remove(entry)
-                    done_elsewhere(job)
+                    if not done_elsewhere(job, common):
+                        failed.append(job)
                     continue
                 if proc is not None:
                     entry.proc, entry.threads = proc, entry.respawn_threads
@@ -629,6 +647,8 @@ def run_ray(jobs: list[Job], common: list[str], address: str | None = None, thre
             if code == 0 and not ok:
                 where += (f": exited 0, but {job.run_dir / 'final.json'} does not show {job.steps} steps here (see "
                           "its log; is --out-dir on a filesystem that this machine shares with the nodes?)")
+            elif ok and (details := other_options(job, common)):  # the task found it finished by another process
+                ok, where = False, f"{where}: finished by another process with other options than this sweep's ({details})"
             print(f"{'done' if ok else 'FAILED'} {job.label} {job.dataset} seed {job.seed} "
                   f"({(time.time() - start) / 60:.1f} min, exit {code}){where}", flush=True)
             if not ok:

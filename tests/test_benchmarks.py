@@ -1112,6 +1112,28 @@ def test_a_sweep_refuses_finished_runs_made_with_other_options(tmp_path):
     sweep.check_finished_options([longer], made_with)  # with a checkpoint the sweep extends it
 
 
+def test_a_run_another_sweep_finishes_meanwhile_counts_only_with_this_sweeps_options(tmp_path, monkeypatch, capsys):
+    """A second sweep under the same name waits for the first's runs; one that first sweep finishes with other
+    options (looked at only once it is finished) is this sweep's failure, not its run."""
+    import tyro
+
+    from benchmarks import sweep
+    from offrl.config import to_dict
+
+    made_with = ["--eval.episodes", "3"]
+    job = sweep.Job("bc", "bc", ["--frac", "0.5"], "offrl/tiny-v0", 0, 100, tmp_path / "s")
+    job.run_dir.mkdir(parents=True)
+    cfg = tyro.cli(__import__("algos.bc", fromlist=["Config"]).Config, args=job.command(made_with)[3:])
+    (job.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), default=str))
+    (job.run_dir / "final.json").write_text(json.dumps({"steps": 100}))
+    monkeypatch.setattr(sweep, "unfinished", lambda jobs: list(jobs))  # unfinished when the sweep looked
+    other = sweep.Job("bc", "bc", ["--frac", "0.25"], "offrl/tiny-v0", 0, 100, tmp_path / "s")
+    assert sweep.run([other], made_with, parallel=1) == [other]
+    assert "finished by another process with other options than this sweep's (frac: 0.5 -> 0.25)" in capsys.readouterr().out
+    assert sweep.run([job], made_with, parallel=1) == []
+    assert "done bc offrl/tiny-v0 seed 0 (by another process)" in capsys.readouterr().out
+
+
 def test_a_sweep_refuses_a_variant_label_given_twice(tmp_path):
     """A label names the run folders: two variants under one label would share them (the second calling the
     first's runs its own)."""
