@@ -258,14 +258,14 @@ class SeedRuns:
     def __init__(self, algo: str, cfgs: list, data: Any = None):
         from offrl.run import Run
 
-        self.runs = [Run(algo, c, data, concurrent=True) for c in cfgs]
+        # the records open once the seeds are known to resume together: a refused resume changes no folder
+        self.runs = [Run(algo, c, data, concurrent=True, open_records=False) for c in cfgs]
         for run in self.runs:
             run.process_share = 1 / len(self.runs)
         starts = {r.start_step for r in self.runs}
         if len(starts) > 1:  # e.g. killed between the seeds' checkpoint writes, each seed's a file of its own
             found = ", ".join(f"seed {r.cfg.seed} at step {r.start_step}" for r in self.runs)
             for run in reversed(self.runs):  # let go of the folders, and leave no new empty one behind
-                run.logger.close()
                 run._restore_signals()
                 run._folder_claim.close()
                 if run.resume_from is None:  # made just now by --resume auto for a seed without a checkpoint
@@ -273,6 +273,8 @@ class SeedRuns:
             raise OffrlError(f"--seeds with --resume: the seeds' checkpoints are at different steps ({found}); "
                              "resume each seed as a run of its own (--seed N --resume latest), which continues it "
                              "exactly, or start the seeds afresh")
+        for run in self.runs:
+            run.open_records()
         self.start_step = starts.pop()
         self.device = self.runs[0].device
         self.cfg = cfgs[0]

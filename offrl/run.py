@@ -141,11 +141,14 @@ def check_run_options(cfg: Any, total_steps: int, phased: bool = False) -> None:
 
 class Run:
     def __init__(self, algo: str, cfg: Any, data: Any = None, total_steps: int | None = None,
-                 concurrent: bool = False):
+                 concurrent: bool = False, open_records: bool = True):
         """`data`: the TrainingData an offline run trains on; what it was (checksum, preprocessing,
         corrupted rows) is written to the run folder. `total_steps`: the steps the run counts, when
         they are more than `cfg.steps` (an algorithm with phases, e.g. MBRCSL). `concurrent`: other
-        runs live in the same process (several seeds trained as one, `offrl.multiseed`)."""
+        runs live in the same process (several seeds trained as one, `offrl.multiseed`). `open_records`
+        False: the folder's records (config.json, environment.json, dataset.json, metrics.jsonl cut back to
+        the checkpoint, the logger) are left as they are until `open_records()`, for a caller that may still
+        refuse the resume (`offrl.multiseed`: seeds at different steps)."""
         self.algo, self.cfg = algo, cfg
         self.total_steps = cfg.steps if total_steps is None else int(total_steps)
         check_run_options(cfg, self.total_steps, phased=total_steps is not None)  # before a folder is made
@@ -214,12 +217,10 @@ class Run:
                 saved_threads = json.loads(self._restored_state.get("config", "{}")).get("run", {}).get("threads")
                 self.core_before = core_seconds_from_wall(self.wall_before, saved_threads)
             self.resumes = int(self._restored_state.get("resumes", 0)) + 1
-            end = self._restored_state.get("metrics_end")
-            truncate_metrics(self.dir / "metrics.jsonl", self.start_step, tuple(end) if end is not None else None)
-        self.logger = Logger(self.dir, self.config, cfg.log, algo, self.dataset_name, self.device,
-                             wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
-        if data is not None:
-            self._record_data(data, data_record)
+        self.logger: Logger | None = None
+        self._records = (wandb_id, concurrent, data, data_record)
+        if open_records:
+            self.open_records()
         # SIGTERM / SIGINT: finish the current step, checkpoint exactly there, exit (resume continues
         # bit-for-bit); a session that ends, or Ctrl-C, then loses no training.
         self.stop_signal: int | None = None
@@ -233,6 +234,18 @@ class Run:
                 self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
         self.progress = Progress(self.total_steps, f"{algo} {cfg.run_label} seed {cfg.seed}", cfg.log.progress, self.start_step)
         self.start_time = time.perf_counter()
+
+    def open_records(self) -> None:
+        """Write the run's records and open its logger (a resume: metrics.jsonl cut back to the checkpoint first)."""
+        wandb_id, concurrent, data, data_record = self._records
+        if self._restored_state is not None:
+            end = self._restored_state.get("metrics_end")
+            truncate_metrics(self.dir / "metrics.jsonl", self.start_step, tuple(end) if end is not None else None)
+        self.logger = Logger(self.dir, self.config, self.cfg.log, self.algo, self.dataset_name, self.device,
+                             wandb_id=wandb_id, resumed=self.resume_from is not None, concurrent=concurrent)
+        if data is not None:
+            self._record_data(data, data_record)
+        self._records = None
 
     def _request_stop(self, signum, frame) -> None:
         if self.stop_signal is not None:  # a second signal: stop now; the last periodic checkpoint stands

@@ -128,18 +128,24 @@ def test_a_signal_while_a_later_seeds_run_is_built_stops_every_seed(tiny, tmp_pa
 def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_no_new_folder(tiny, tmp_path):
     """A kill between the seeds' checkpoint writes leaves them at different steps: --seeds --resume says to resume
     each alone, lets go of the folders (each alone then resumes) and removes a folder it made for a seed without
-    a checkpoint, so retries do not pile up empty folders. (The seeds' existing folders keep what their Runs
-    wrote before the refusal: config.json, a resume entry in environment.json.)"""
+    a checkpoint, so retries do not pile up empty folders. The refusal changes no record in the seeds' folders
+    (config.json, environment.json's resume entries, metrics.jsonl, dataset.json)."""
     import signal
 
     args = ["--eval.every", "0", "--eval.episodes", "2", "--log.wandb", "disabled", "--hidden", "16", "16",
             "--run.checkpoint-every", "20", "--run.out-dir", str(tmp_path)]
     run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "20", *args)
     run_cli(PYTHON, "-m", "algos.bc", "--seed", "0", "--steps", "40", *args, "--resume", "latest")  # seed 0 ahead
+
+    def records():
+        return {p: p.read_bytes() for p in sorted(tmp_path.glob("bc/*/*/*")) if p.is_file() and p.name != ".lock"}
+
+    before_refusal = records()
     apart = run_cli(PYTHON, "-m", "algos.bc", "--seeds", "0", "1", "--steps", "60", *args, "--resume", "latest",
-                    check=False)
+                    "--eval.episodes", "3", check=False)  # an option a resume may change, written on a resume
     assert apart.returncode == 1 and "seed 0 at step 40, seed 1 at step 20" in apart.stderr
     assert "--seed N --resume latest" in apart.stderr and "Traceback" not in apart.stderr
+    assert records() == before_refusal and any(p.name == "environment.json" for p in before_refusal)
     run_cli(PYTHON, "-m", "algos.bc", "--seed", "1", "--steps", "60", *args, "--resume", "latest")  # alone: fine
     # seed 2 never ran: --resume auto makes a folder for it, removed when the seeds are refused (in this process)
     from algos import bc
