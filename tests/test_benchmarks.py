@@ -48,12 +48,50 @@ def test_rliable_and_the_fallback_give_the_same_numbers(monkeypatch):
     with_rliable = stats.interval_estimates(scores, reps=300), stats.performance_profile(scores, taus, reps=300)
     assert (np.random.get_state()[1] == before).all()  # the caller's global RNG is left as it was
     assert stats.implementation().startswith("rliable ")
+    with stats._seeded(0):  # rliable's own bootstrap of the aggregates, a replicate at a time
+        points, intervals = stats._RLIABLE[0].get_interval_estimates(
+            {"x": scores}, stats.aggregates, method="percentile", reps=300, confidence_interval_size=stats.CONFIDENCE)
+    np.testing.assert_array_equal(with_rliable[0][0], points["x"])
+    np.testing.assert_array_equal(with_rliable[0][1], intervals["x"])
     monkeypatch.setattr(stats, "_RLIABLE", None)
+    with stats._seeded(0):  # the copy of rliable's loop, for functions the batched path does not cover
+        np.testing.assert_array_equal(stats._bootstrap(scores, stats.aggregates, 300, stats.CONFIDENCE)[1], intervals["x"])
     fallback = stats.interval_estimates(scores, reps=300), stats.performance_profile(scores, taus, reps=300)
     for (point_a, ci_a), (point_b, ci_b) in zip(with_rliable, fallback):
         np.testing.assert_array_equal(point_a, point_b)
         np.testing.assert_array_equal(ci_a, ci_b)
     assert stats.interval_estimates(scores, reps=300, seed=1)[1][0, 0] != fallback[0][1][0, 0]  # the seed matters
+
+
+@pytest.mark.skipif(not importable("rliable"), reason="rliable is not installed (pip install -e '.[stats]')")
+def test_the_batched_bootstrap_of_the_aggregates_equals_rliables_bit_for_bit(monkeypatch):
+    """interval_estimates draws every replicate's runs at once and computes the aggregates of all replicates in one
+    pass: the same points and bounds as rliable's get_interval_estimates, float for float, over shapes from one run
+    or task to more runs than numpy's pairwise summation block, with ties; scores with nan take rliable's path."""
+    rng = np.random.default_rng(0)
+    with stats._seeded(0):
+        stats._lib()
+    library = stats._RLIABLE[0]
+    for i in range(120):
+        runs, tasks = int(rng.integers(1, 13 if i % 4 else 25)), int(rng.integers(1, 12 if i % 4 else 30))
+        scores = rng.normal(50, 40, (runs, tasks))
+        if i % 3 == 0:
+            scores = np.round(scores / 10) * 10  # ties, and scores above the optimality gap's 100
+        reps = int(rng.integers(20, 120))
+        batched = stats.interval_estimates(scores, reps=reps, seed=i)
+        with stats._seeded(i):
+            points, intervals = library.get_interval_estimates(
+                {"x": scores}, stats.aggregates, method="percentile", reps=reps, confidence_interval_size=stats.CONFIDENCE)
+        np.testing.assert_array_equal(batched[0], points["x"])
+        np.testing.assert_array_equal(batched[1], intervals["x"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("rliable's per-replicate loop was used")
+
+    monkeypatch.setattr(library, "get_interval_estimates", refuse)
+    stats.interval_estimates(rng.normal(size=(3, 4)))  # the batched path
+    with pytest.raises(AssertionError, match="per-replicate loop"):
+        stats.interval_estimates(np.array([[1.0, np.nan], [2.0, 3.0]]))
 
 
 @pytest.mark.skipif(not importable("rliable"), reason="rliable is not installed (pip install -e '.[stats]')")
