@@ -22,7 +22,7 @@ from conftest import PYTHON, ROOT, VOLATILE, saved_step, tiny_model
 
 INJECT = str(Path(__file__).resolve().parent / "fault_injection.py")
 QUIET = ["--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1"]
-OFFLINE = ["-m", "algos.td3_bc", "--steps", "1200", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "50",
+OFFLINE = ["-m", "algos.td3_bc", "--steps", "800", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "50",
            "--run.checkpoint-every", "100", "--hidden", "64", "64", *QUIET]
 ONLINE = ["-m", "algos.sac", "--env-id", "InvertedPendulum-v5", "--steps", "1000", "--learning-starts", "200",
           "--eval.every", "500", "--eval.episodes", "2", "--log.every", "50", "--run.checkpoint-every", "100",

@@ -14,7 +14,8 @@ from offrl.errors import OffrlError, TrainingDiverged
 
 from conftest import PYTHON, ROOT, run_cli, saved_step, strip
 
-COMMON = ["--steps", "1600", "--eval.every", "400", "--eval.episodes", "3", "--log.every", "100",
+STEPS = 1000
+COMMON = ["--steps", str(STEPS), "--eval.every", "250", "--eval.episodes", "3", "--log.every", "100",
           "--run.checkpoint-every", "100", "--log.wandb", "disabled", "--log.no-progress", "--run.threads", "1",
           "--hidden", "64", "64"]
 
@@ -29,13 +30,19 @@ def only_run(base):
     return runs[0]
 
 
+@pytest.fixture(scope="module")
+def straight_run(tiny, tmp_path_factory):
+    """The COMMON run, uninterrupted: what every interrupted one must end as."""
+    out = tmp_path_factory.mktemp("straight")
+    run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(out))
+    return only_run(out)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
-def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
+def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop, straight_run):
     """SIGKILL: resume from the last periodic checkpoint. SIGTERM (and SIGHUP, a closed terminal): the run
     checkpoints the step it was on and exits; resuming continues from exactly there."""
-    straight = tmp_path / "straight"
-    run_cli(PYTHON, "-m", "algos.td3_bc", *COMMON, "--run.out-dir", str(straight))
-    expected_dir = only_run(straight)
+    expected_dir = straight_run
 
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -55,7 +62,7 @@ def test_interrupted_run_resumes_to_the_same_result(tiny, tmp_path, stop):
     run_dir = only_run(killed)
     assert not (run_dir / "final.json").exists(), "the run finished before it could be interrupted"
     interrupted_at = saved_step(run_dir / "checkpoints" / "last.pt")
-    assert interrupted_at < 1600
+    assert interrupted_at < STEPS
     if stop != signal.SIGKILL:
         assert code == 128 + stop
         logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
