@@ -126,7 +126,8 @@ def _no_model_training() -> None:
 
     load_or_train = wt.load_or_train
 
-    def guarded(dataset, cfg, seed=0, device="cpu", model_path=None, retrain=False, cache_dir=None, progress=True):
+    def guarded(dataset, cfg, seed=0, device="cpu", model_path=None, retrain=False, cache_dir=None, progress=True,
+                **options):
         if model_path is None:  # the cache path load_or_train reads
             path = wt.cache_folder(dataset, cfg, seed, cache_dir) / "model.pt"
             if retrain or not path.exists():
@@ -134,7 +135,7 @@ def _no_model_training() -> None:
                                     f"--dataset {dataset.metadata.get('name')} --seed {seed} ...) or pass --model-path")
                 print(f"run_probe: {probe['skipped']}", file=sys.stderr)
                 raise SystemExit(NO_MODEL_EXIT)
-        return load_or_train(dataset, cfg, seed, device, model_path, retrain, cache_dir, progress)
+        return load_or_train(dataset, cfg, seed, device, model_path, retrain, cache_dir, progress, **options)
 
     wt.load_or_train = guarded
 
