@@ -265,16 +265,16 @@ class SeedRuns:
         starts = {r.start_step for r in self.runs}
         if len(starts) > 1:  # e.g. killed between the seeds' checkpoint writes, each seed's a file of its own
             found = ", ".join(f"seed {r.cfg.seed} at step {r.start_step}" for r in self.runs)
-            for run in reversed(self.runs):  # let go of the folders, and leave no new empty one behind
-                run._restore_signals()
-                run._folder_claim.close()
-                if run.resume_from is None:  # made just now by --resume auto for a seed without a checkpoint
-                    shutil.rmtree(run.dir, ignore_errors=True)
+            self._let_go()
             raise OffrlError(f"--seeds with --resume: the seeds' checkpoints are at different steps ({found}); "
                              "resume each seed as a run of its own (--seed N --resume latest), which continues it "
                              "exactly, or start the seeds afresh")
-        for run in self.runs:
-            run.open_records()
+        try:
+            for run in self.runs:
+                run.open_records()
+        except BaseException:  # e.g. a full disk, wandb failing to start
+            self._let_go()
+            raise
         self.start_step = starts.pop()
         self.device = self.runs[0].device
         self.cfg = cfgs[0]
@@ -290,6 +290,18 @@ class SeedRuns:
         if pending is not None:
             for run in self.runs:
                 run.stop_signal = pending
+
+    def _let_go(self) -> None:
+        """Before the loop starts, on an error: close what the runs opened, give the process its signal handlers
+        back, release the folders and remove those made just now (by --resume auto for a seed without a
+        checkpoint: nothing in them yet), so retries do not pile up empty folders."""
+        for run in reversed(self.runs):
+            if run.logger is not None:
+                run.logger.close()
+            run._restore_signals()
+            run._folder_claim.close()
+            if run.resume_from is None:
+                shutil.rmtree(run.dir, ignore_errors=True)
 
     def _request_stop(self, signum, frame) -> None:
         if self.runs[0].stop_signal is not None:  # a second signal: stop now; the last periodic checkpoints stand

@@ -225,6 +225,7 @@ class Run:
         # bit-for-bit); a session that ends, or Ctrl-C, then loses no training.
         self.stop_signal: int | None = None
         self._preparing: tuple[str, str] | None = None  # (doing, stops) inside `before_first_step`
+        self._stopping = False  # `_stop_before_first_step` under way
         self._previous_handlers = {}
         if threading.current_thread() is threading.main_thread():
             hangup = getattr(signal, "SIGHUP", None)  # a closed terminal; not on Windows
@@ -248,6 +249,8 @@ class Run:
         self._records = None
 
     def _request_stop(self, signum, frame) -> None:
+        if self._stopping:
+            return
         if self.stop_signal is not None:  # a second signal: stop now; the last periodic checkpoint stands
             raise KeyboardInterrupt
         self.stop_signal = signum
@@ -274,7 +277,10 @@ class Run:
         current epoch"). A signal then ends the run there, not after the work and one step: a new run has no
         step to checkpoint and its folder, which holds nothing yet, is removed (a rerun of the command starts
         it again, and the work continues from its own checkpoint); a resumed run's checkpoint stands. A second
-        signal (KeyboardInterrupt) ends it the same way at once."""
+        signal (KeyboardInterrupt) ends it the same way at once. (With wandb online, the new run's wandb run,
+        made with the folder, stays there, empty.)"""
+        if self.stop_signal is not None:  # signalled since the handlers were installed: do none of the work
+            self._stop_before_first_step(doing, "")
         self._preparing = (doing, stops)
         try:
             yield
@@ -287,14 +293,15 @@ class Run:
 
     def _stop_before_first_step(self, doing: str, where: str) -> None:
         signum = self.stop_signal if self.stop_signal is not None else signal.SIGINT
+        self._stopping = True  # a further signal meanwhile changes nothing (closing wandb can take seconds)
         self.logger.close()
-        self._restore_signals()
         self._folder_claim.close()
         if self.resume_from is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
         else:
             kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
+        self._restore_signals()
         print(f"stopped by signal {signum} while {doing}: {kept}" + (f"; {where}" if where else ""), file=sys.stderr)
         raise SystemExit(128 + signum)
 

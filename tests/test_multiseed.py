@@ -125,6 +125,32 @@ def test_a_signal_while_a_later_seeds_run_is_built_stops_every_seed(tiny, tmp_pa
         assert saved_step(run_folder(tmp_path, seed, "bc") / "checkpoints" / "last.pt") == 1
 
 
+def test_seeds_whose_records_fail_to_open_let_go_of_everything(tiny, tmp_path, monkeypatch):
+    """An error while the seeds' records open (a full disk, wandb failing to start) after the first seed's
+    opened: its logger is closed, the process's handlers are back and the new folders are gone."""
+    import signal
+
+    from algos import bc
+    from offrl import run as offrl_run
+
+    real_open, opened = offrl_run.Run.open_records, []
+
+    def open_records(self):
+        if self.cfg.seed == 1:
+            raise OSError("no space left on device")
+        real_open(self)
+        opened.append(self.logger)
+
+    monkeypatch.setattr(offrl_run.Run, "open_records", open_records)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    cfg = bc.Config(steps=20, seeds=[0, 1])
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    with pytest.raises(OSError, match="no space"):
+        bc.train_seeds(cfg)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert len(opened) == 1 and opened[0]._file.closed and not list(tmp_path.glob("bc/*/*"))
+
+
 def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_no_new_folder(tiny, tmp_path):
     """A kill between the seeds' checkpoint writes leaves them at different steps: --seeds --resume says to resume
     each alone, lets go of the folders (each alone then resumes) and removes a folder it made for a seed without

@@ -206,6 +206,34 @@ def test_a_signal_while_the_dynamics_model_trains_stops_the_run_there(tiny, tmp_
     assert final(the_run(tmp_path / "runs"))["dynamics_model"]["epochs"] == 4
 
 
+def test_before_the_first_step_a_pending_signal_skips_the_work_and_a_further_one_changes_nothing(tiny, tmp_path,
+                                                                                                  monkeypatch):
+    """A signal that came before the block (the handlers are the Run's from its construction) stops the run at
+    its start, without the work; one more while the run stops (closing its logs) neither raises nor leaves the
+    folder behind."""
+    from algos import bc
+    from offrl import logging as offrl_logging
+    from offrl.run import Run
+
+    cfg = bc.Config(steps=10)
+    cfg.log.wandb, cfg.run.out_dir = "disabled", str(tmp_path)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    run = Run("bc", cfg)
+    os.kill(os.getpid(), signal.SIGTERM)  # a flag only: the Run's handler
+    real_close = offrl_logging.Logger.close
+
+    def close(self):
+        os.kill(os.getpid(), signal.SIGINT)  # while the run stops
+        real_close(self)
+
+    monkeypatch.setattr(offrl_logging.Logger, "close", close)
+    with pytest.raises(SystemExit) as stopped:
+        with run.before_first_step("doing the work", "after it"):
+            raise AssertionError("the work ran")
+    assert stopped.value.code == 128 + signal.SIGTERM and not run.dir.exists()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 TINY_MODEL = [*tiny_model(max_epochs=2), "--rollout-every", "100", "--rollout-batch", "100", "--hidden", "32", "32"]
 ALGORITHM_ARGS = {
     "bc": ["--hidden", "32", "32"], "td3_bc": ["--hidden", "32", "32"], "iql": ["--hidden", "32", "32"],

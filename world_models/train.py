@@ -222,6 +222,9 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
             raise StopRequested(f"the dynamics model's training is checkpointed at epoch {t.epoch} in {training} "
                                 "and continues from there")
 
+    if should_stop is not None and should_stop():  # e.g. while the data were prepared (seconds for 2M rows)
+        where = f"checkpointed at epoch {trainer.epoch} in {training}" if training.exists() else "not begun"
+        raise StopRequested(f"the dynamics model's training is {where}")
     fit(model, inputs, targets, on_epoch=on_epoch, trainer=trainer)
     from offrl.logging import environment_info
 
