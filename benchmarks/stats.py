@@ -4,8 +4,9 @@ Scores are arrays of shape (runs, tasks): one row per seed, one column per datas
 (rliable.metrics): the IQM (scipy.stats.trim_mean(scores, 0.25) over all runs and tasks; it cuts
 int(n / 4) scores at each end, so with fewer than 4 scores it is the mean), the mean of the per-task means,
 and the optimality gap (`gamma` minus the mean of min(score, gamma); gamma = 100, an expert's normalized
-score). Their 95% confidence intervals come from rliable.library.get_interval_estimates: a stratified
-bootstrap (seeds resampled within each task), percentile method. Performance profiles (the fraction of
+score). Their 95% confidence intervals are rliable.library.get_interval_estimates's, float for float (for
+these three reproduced in one pass, below): a stratified bootstrap (seeds resampled within each task),
+percentile method. Performance profiles (the fraction of
 runs scoring above tau, with CIs) from rliable.library.create_performance_profile.
 
 rliable's bootstrap calls its function once per replicate (2000 by default, per table row), in Python. The
