@@ -100,6 +100,31 @@ def test_mopo_resumes_to_the_same_numbers(tiny, tmp_path, model_cache):
         assert torch.equal(value, split[name]), name  # models, optimizers, model buffer, rollout RNG
 
 
+def test_a_model_path_run_resumes_after_its_model_file_is_gone(tiny, tmp_path, model_cache):
+    """The checkpoint holds the model the run rolls out: with --model-path's file gone, it is built from --model's
+    options, into which the checkpoint's weights must fit (else a clear error asks for the file back)."""
+    import shutil
+
+    trained = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir", str(tmp_path / "m"))
+    model_file = tmp_path / "model.pt"
+    shutil.copy(trained.stdout.splitlines()[-1].split("model: ", 1)[1], model_file)
+    untiny = FAST[:FAST.index(TINY_MODEL[0])]  # the default --model options: not the file's
+    for name, args in (("fits", FAST), ("other", untiny)):
+        out = ["--run.out-dir", str(tmp_path / name), "--model-path", str(model_file), "--eval.every", "0"]
+        run_cli(PYTHON, "-m", "algos.mopo", "--steps", "100", *args, *out)
+        model_file.rename(tmp_path / "away.pt")
+        resumed = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "150", *args, *out, "--resume", "latest", check=False)
+        (tmp_path / "away.pt").rename(model_file)
+        if name == "fits":
+            assert resumed.returncode == 0 and "no model file is read" in resumed.stderr, resumed.stderr
+            record = json.loads(next((tmp_path / name).glob("mopo/*/*/final.json")).read_text())
+            assert record["model_file"] == str(model_file) and record["steps"] == 150
+        else:
+            assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr
+            assert f"--model-path {model_file} is gone; put it back" in resumed.stderr
+    assert not list(model_cache.glob("*/model.pt"))  # none trained
+
+
 def test_mobile_and_mopo_per_dataset_settings():
     """(h, beta, tune alpha, real ratio, model epochs) by dataset, the random levels included (the official
     configs/gym/*_random.py), the suite's names read as D4RL's env and level; other data the default."""

@@ -19,6 +19,7 @@ correction, as torch's default there).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -148,7 +149,8 @@ def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]
     while it waits for another process training the same model (`Run.before_first_step`). A resumed run rolls
     out the model its checkpoint holds (the cache entry may have been trained again since), so it takes that one
     and neither loads nor trains a cached model: resumed on a machine whose cache lacks it, it would otherwise
-    train one for hours only to replace it. With --model-path the file is read for its config."""
+    train one for hours only to replace it. With --model-path the file is read for its config where it is
+    still there."""
     from offrl.evaluation import env_spec_from_metadata
     from world_models.termination import termination_fn
     from world_models.train import cache_folder, load_or_train
@@ -156,12 +158,22 @@ def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]
     termination = termination_fn(env_spec_from_metadata(data.metadata))
     model_seed = cfg.seed if cfg.model_seed is None else cfg.model_seed
     resumed = run.restored_object("dynamics_model")
-    if resumed is not None and cfg.model_path is None:
+    if resumed is not None and (cfg.model_path is None or not Path(cfg.model_path).exists()):
+        # a cache entry's config is --model's; a --model-path file gone since the run began is taken to have had
+        # --model's too, which the checkpoint's weights must then fit
         with torch.random.fork_rng(devices=[]):  # the weights are the checkpoint's: leave the run's RNG alone
             model = DynamicsEnsemble(data.obs_dim, data.act_dim, cfg.model)
-        model.load_state_dict(resumed)
-        print("dynamics model: the run's checkpoint holds it; not loaded from the cache", file=sys.stderr)
-        return model.to(run.device), str(cache_folder(data.dataset, cfg.model, model_seed) / "model.pt"), termination
+        try:
+            model.load_state_dict(resumed)
+        except RuntimeError as exc:
+            from offrl.errors import CheckpointError
+
+            raise CheckpointError(f"the run's checkpoint holds a dynamics model that does not fit the --model options "
+                                  f"({str(exc).splitlines()[0]}): --model-path {cfg.model_path} is gone; put it "
+                                  "back (its config builds the model the checkpoint's weights go into)") from None
+        print("dynamics model: the run's checkpoint holds it; no model file is read", file=sys.stderr)
+        model_file = cfg.model_path or cache_folder(data.dataset, cfg.model, model_seed) / "model.pt"
+        return model.to(run.device), str(model_file), termination
     with run.before_first_step("getting its dynamics model", "after the dynamics model's current epoch, which is "
                                "checkpointed (at once while waiting for another process's training of it)"):
         model, model_file = load_or_train(data.dataset, cfg.model, model_seed, run.device, cfg.model_path,
