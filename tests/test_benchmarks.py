@@ -1170,6 +1170,12 @@ def test_a_run_another_sweep_finishes_meanwhile_counts_only_with_this_sweeps_opt
     assert "finished by another process with other options than this sweep's (frac: 0.5 -> 0.25)" in capsys.readouterr().out
     assert sweep.run([job], made_with, parallel=1) == []
     assert "done bc offrl/tiny-v0 seed 0 (by another process)" in capsys.readouterr().out
+    # finished between the loop's look and the lock: launch finds it so under the lock
+    looks = []
+    monkeypatch.setattr(sweep.Job, "done", lambda self: looks.append(1) or len(looks) > 1)
+    assert sweep.run([other], made_with, parallel=1) == [other] and len(looks) >= 2
+    printed = capsys.readouterr().out
+    assert "finished by another process with other options" in printed and "start bc" not in printed
 
 
 def test_a_sweep_refuses_a_variant_label_given_twice(tmp_path):
