@@ -297,7 +297,10 @@ class SeedRuns:
         checkpoint: nothing in them yet), so retries do not pile up empty folders."""
         for run in reversed(self.runs):
             if run.logger is not None:
-                run.logger.close()
+                try:
+                    run.logger.close()
+                except Exception as exc:  # noqa: BLE001 - the error being raised is the one to report
+                    print(f"warning: seed {run.cfg.seed}'s logs were not closed cleanly: {exc}", file=sys.stderr)
             run._restore_signals()
             run._folder_claim.close()
             if run.resume_from is None:

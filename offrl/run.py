@@ -294,14 +294,17 @@ class Run:
     def _stop_before_first_step(self, doing: str, where: str) -> None:
         signum = self.stop_signal if self.stop_signal is not None else signal.SIGINT
         self._stopping = True  # a further signal meanwhile changes nothing (closing wandb can take seconds)
-        self.logger.close()
-        self._folder_claim.close()
-        if self.resume_from is None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
-        else:
-            kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
-        self._restore_signals()
+        try:
+            self.logger.close()
+            self._folder_claim.close()
+            if self.resume_from is None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
+            else:
+                kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
+        finally:  # an error while closing: the process gets its handlers back all the same
+            self._stopping = False
+            self._restore_signals()
         print(f"stopped by signal {signum} while {doing}: {kept}" + (f"; {where}" if where else ""), file=sys.stderr)
         raise SystemExit(128 + signum)
 

@@ -111,17 +111,18 @@ def test_a_model_path_run_resumes_after_its_model_file_is_gone(tiny, tmp_path, m
     untiny = FAST[:FAST.index(TINY_MODEL[0])]  # the default --model options: not the file's
     for name, args in (("fits", FAST), ("other", untiny)):
         out = ["--run.out-dir", str(tmp_path / name), "--model-path", str(model_file), "--eval.every", "0"]
-        run_cli(PYTHON, "-m", "algos.mopo", "--steps", "100", *args, *out)
+        run_cli(PYTHON, "-m", "algos.mopo", "--steps", "40", *args, *out)
         model_file.rename(tmp_path / "away.pt")
-        resumed = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "150", *args, *out, "--resume", "latest", check=False)
+        resumed = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "60", *args, *out, "--resume", "latest", check=False)
         (tmp_path / "away.pt").rename(model_file)
         if name == "fits":
             assert resumed.returncode == 0 and "no model file is read" in resumed.stderr, resumed.stderr
             record = json.loads(next((tmp_path / name).glob("mopo/*/*/final.json")).read_text())
-            assert record["model_file"] == str(model_file) and record["steps"] == 150
+            assert record["model_file"] == str(model_file) and record["steps"] == 60
         else:
             assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr
-            assert f"--model-path {model_file} is gone; put it back" in resumed.stderr
+            assert f"--model-path {model_file} is gone: put it back" in resumed.stderr
+            assert "does not fit one built from the --model options (Missing key(s)" in resumed.stderr  # 4 layers, not 2
     assert not list(model_cache.glob("*/model.pt"))  # none trained
 
 

@@ -400,6 +400,19 @@ def test_a_stop_asked_for_while_waiting_for_another_training_ends_the_wait(tiny,
     assert sorted(p.name for p in folder.iterdir()) == ["lock"]
 
 
+def test_a_stop_asked_for_before_the_first_epoch_trains_nothing(tiny, tmp_path):
+    """The lock free at once and the stop already asked for (e.g. while the data were prepared): no epoch runs."""
+    from offrl.data import load_dataset
+    from offrl.errors import StopRequested
+    from world_models import train
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16, 16), weight_decay=(0.0, 0.0, 0.0), max_epochs=2)
+    with pytest.raises(StopRequested, match="training has not begun"):
+        train.load_or_train(dataset, cfg, cache_dir=tmp_path, progress=False, should_stop=lambda: True)
+    assert sorted(p.name for p in train.cache_folder(dataset, cfg, 0, tmp_path).iterdir()) == ["lock"]
+
+
 def test_a_model_of_other_dims_or_a_corrupt_file_is_refused(tmp_path):
     from offrl.errors import CheckpointError
     from world_models.train import load_model, save_model

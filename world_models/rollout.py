@@ -168,11 +168,14 @@ def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]
         except RuntimeError as exc:
             from offrl.errors import CheckpointError
 
-            raise CheckpointError(f"the run's checkpoint holds a dynamics model that does not fit the --model options "
-                                  f"({str(exc).splitlines()[0]}): --model-path {cfg.model_path} is gone; put it "
-                                  "back (its config builds the model the checkpoint's weights go into)") from None
+            lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]  # after torch's header line
+            misfit = f"the run's checkpoint holds a dynamics model that does not fit one built from the --model options"
+            remedy = (f"--model-path {cfg.model_path} is gone: put it back (its config builds the model the "
+                      "checkpoint's weights go into)" if cfg.model_path else "was the checkpoint written by another "
+                      "offrl version?")
+            raise CheckpointError(f"{misfit} ({lines[0] if lines else exc}); {remedy}") from None
         print("dynamics model: the run's checkpoint holds it; no model file is read", file=sys.stderr)
-        model_file = cfg.model_path or cache_folder(data.dataset, cfg.model, model_seed) / "model.pt"
+        model_file = Path(cfg.model_path) if cfg.model_path else cache_folder(data.dataset, cfg.model, model_seed) / "model.pt"
         return model.to(run.device), str(model_file), termination
     with run.before_first_step("getting its dynamics model", "after the dynamics model's current epoch, which is "
                                "checkpointed (at once while waiting for another process's training of it)"):

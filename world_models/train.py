@@ -223,8 +223,8 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
                                 "and continues from there")
 
     if should_stop is not None and should_stop():  # e.g. while the data were prepared (seconds for 2M rows)
-        where = f"checkpointed at epoch {trainer.epoch} in {training}" if training.exists() else "not begun"
-        raise StopRequested(f"the dynamics model's training is {where}")
+        where = f"is checkpointed at epoch {trainer.epoch} in {training}" if training.exists() else "has not begun"
+        raise StopRequested(f"the dynamics model's training {where}")
     fit(model, inputs, targets, on_epoch=on_epoch, trainer=trainer)
     from offrl.logging import environment_info
 
