@@ -169,7 +169,7 @@ def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]
             from offrl.errors import CheckpointError
 
             lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]  # after torch's header line
-            misfit = f"the run's checkpoint holds a dynamics model that does not fit one built from the --model options"
+            misfit = "the run's checkpoint holds a dynamics model that does not fit one built from the --model options"
             remedy = (f"--model-path {cfg.model_path} is gone: put it back (its config builds the model the "
                       "checkpoint's weights go into)" if cfg.model_path else "was the checkpoint written by another "
                       "offrl version?")
