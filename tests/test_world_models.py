@@ -400,6 +400,35 @@ def test_a_stop_asked_for_while_waiting_for_another_training_ends_the_wait(tiny,
     assert sorted(p.name for p in folder.iterdir()) == ["lock"]
 
 
+def test_ctrl_c_in_a_standalone_training_says_where_it_stands(tiny, tmp_path):
+    """python -m world_models.train interrupted: exit 130 with a line saying the training continues from its last
+    finished epoch (training.pt), not a traceback (continuing it: test_model_is_cached_and_reused_and_a_stopped_...)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from offrl import checkpoint as ckpt
+
+    command = [PYTHON, "-m", "world_models.train", "--dataset", tiny, *tiny_model(max_epochs=500), "--model.patience",
+               "500", "--cache-dir", str(tmp_path)]
+    err = tmp_path / "err"
+    with open(err, "w") as out:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=out, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    while "dynamics model | epoch 2 " not in err.read_text():
+        assert proc.poll() is None and time.time() < deadline, err.read_text()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    text = err.read_text()
+    assert "interrupted; a training is checkpointed at its last finished epoch" in text and "Traceback" not in text
+    (training,) = tmp_path.glob("*/training.pt")
+    assert ckpt.load(training)["epoch"] >= 2
+
+
 def test_a_stop_asked_for_before_the_first_epoch_trains_nothing(tiny, tmp_path):
     """The lock free at once and the stop already asked for (e.g. while the data were prepared): no epoch runs."""
     from offrl.data import load_dataset
