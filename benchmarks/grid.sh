@@ -118,6 +118,15 @@
 # which cached model the runs use), DRY_RUN=1 (print the commands instead of running
 # them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
 # unstarted runs, steps and core-hours left; runs nothing).
+#
+# The model-based runs start once every dynamics model their DATASETS need is trained: with one model left (hours
+# for a 1M-row dataset on one thread), the other JOBS slots idle. Two invocations with JOBS=1 keep both cores
+# busy instead, one over the datasets whose models are trained, the other over the rest (as the grid's medium
+# runs were made):
+#   ONLY="mopo mobile ravl" JOBS=1 DATASETS="offrl/hopper/medium-v0 offrl/walker2d/medium-v0" benchmarks/grid.sh ...
+#   ONLY="mopo mobile ravl" JOBS=1 DATASETS="offrl/halfcheetah/medium-v0" benchmarks/grid.sh ...
+# (each with the caption's budgets, BF16, COMPILE and MODEL_* in front). Their runs land in the same folders; a
+# run is never run twice (the sweeps' per-run locks).
 
 # The body is one { } block: bash reads all of it before running any, so the script may be edited (a git pull)
 # while a grid runs for hours without the running copy reading the new text at its old offsets.
