@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shutil
 import signal
 import sys
 import threading
@@ -296,15 +295,11 @@ class SeedRuns:
         back, release the folders and remove those made just now (by --resume auto for a seed without a
         checkpoint: nothing in them yet), so retries do not pile up empty folders."""
         for run in reversed(self.runs):
-            if run.logger is not None:
-                try:
-                    run.logger.close()
-                except Exception as exc:  # noqa: BLE001 - the error being raised is the one to report
-                    print(f"warning: seed {run.cfg.seed}'s logs were not closed cleanly: {exc}", file=sys.stderr)
+            try:
+                run.abandon()
+            except Exception as exc:  # noqa: BLE001 - the error being raised is the one to report
+                print(f"warning: seed {run.cfg.seed}'s logs were not closed cleanly: {exc}", file=sys.stderr)
             run._restore_signals()
-            run._folder_claim.close()
-            if run.resume_from is None:
-                shutil.rmtree(run.dir, ignore_errors=True)
 
     def _request_stop(self, signum, frame) -> None:
         if self.runs[0].stop_signal is not None:  # a second signal: stop now; the last periodic checkpoints stand

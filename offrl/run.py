@@ -295,18 +295,28 @@ class Run:
         signum = self.stop_signal if self.stop_signal is not None else signal.SIGINT
         self._stopping = True  # a further signal meanwhile changes nothing (closing wandb can take seconds)
         try:
-            self.logger.close()
-            self._folder_claim.close()
-            if self.resume_from is None:
-                shutil.rmtree(self.dir, ignore_errors=True)
-                kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
-            else:
-                kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
+            self.abandon()
         finally:  # an error while closing: the process gets its handlers back all the same
             self._stopping = False
             self._restore_signals()
+        if self.resume_from is None:
+            kept = f"the run had done no step: its folder {self.dir} is removed and the same command starts it again"
+        else:
+            kept = f"its checkpoint at step {self.start_step} stands; continue with --resume latest"
         print(f"stopped by signal {signum} while {doing}: {kept}" + (f"; {where}" if where else ""), file=sys.stderr)
         raise SystemExit(128 + signum)
+
+    def abandon(self) -> None:
+        """Let go of a run that has done no step in this process: close its logs (if opened), release its folder,
+        and remove the folder if this run made it (nothing in it yet: retries do not pile up empty folders). A
+        resumed run's folder and checkpoint stay. The signal handlers are the caller's to give back."""
+        try:
+            if self.logger is not None:
+                self.logger.close()
+        finally:
+            self._folder_claim.close()
+            if self.resume_from is None:
+                shutil.rmtree(self.dir, ignore_errors=True)
 
     def _restore_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
