@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import PYTHON, run_cli
 
@@ -21,7 +22,7 @@ def check_run_dir(run_dir):
     for name in ("config.json", "environment.json", "metrics.jsonl", "final.json", "checkpoints/last.pt"):
         assert (run_dir / name).exists(), name
     env = json.loads((run_dir / "environment.json").read_text())
-    assert env["packages"]["torch"] and env["device"] == "cpu"
+    assert env["packages"]["torch"] and env["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     assert "cpu_model" in env and "cpu_native_bf16" in env  # None where /proc/cpuinfo cannot be read
     return json.loads((run_dir / "final.json").read_text())
 

@@ -167,6 +167,34 @@ def test_the_adversarial_attack_on_cuda_matches_the_cpu():
                  for device in ("cpu", "cuda"))
     np.testing.assert_allclose(cuda, cpu, rtol=0, atol=1e-5)
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algo", ["td3_bc", "iql"])
+def test_a_real_attack_critic_on_cuda_attacks_as_on_the_cpu(tiny, tmp_path, algo):
+    """The whole AttackCritic on --data.attack-device cuda: a training checkpoint's critics, observation
+    normalizer and actor (deterministic for TD3+BC, a Gaussian's mode for IQL) moved to the GPU, for each field.
+    Sign-gradient steps may flip where a gradient is ~0, so the bytes need not match: nearly every entry does,
+    and the attacked critics' mean Q agrees."""
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "200", "--eval.every", "0", *FAST, "--device", "cpu",
+            "--run.out-dir", str(tmp_path))
+    (checkpoint,) = tmp_path.glob(f"{algo}/*/*/checkpoints/last.pt")
+    clean = load_dataset(tiny)
+    judge = AttackCritic(str(checkpoint))
+    for field in ("observations", "actions", "next_observations"):
+        (cpu, info), (cuda, _) = (corrupt(clean, field, "adversarial", rate=0.05, scale=1.0, seed=0,
+                                          critic_checkpoint=str(checkpoint), attack_steps=50, device=device)
+                                  for device in ("cpu", "cuda"))
+        rows = info.rows
+        a, b = getattr(cpu, field)[rows], getattr(cuda, field)[rows]
+        assert not np.array_equal(a, getattr(clean, field)[rows])
+        assert np.mean(np.abs(a - b) > 1e-4) < 0.02, field
+        q = {}
+        for name, data in (("cpu", cpu), ("cuda", cuda)):
+            obs, act = torch.as_tensor(data.observations[rows]), torch.as_tensor(data.actions[rows])
+            q[name] = (judge.q_of_policy(torch.as_tensor(data.next_observations[rows])) if field == "next_observations"
+                       else judge.q(obs, act)).mean().item()
+        assert q["cuda"] == pytest.approx(q["cpu"], rel=1e-3, abs=1e-3), field
+
 @pytest.mark.parametrize("algo, extra", [
     ("iql", []),
     ("iql", ["--critic-loss", "hl-gauss", "--actor", "deterministic", "--data.sampling", "return-weighted"]),
