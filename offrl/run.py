@@ -178,6 +178,7 @@ class Run:
         self.extra_evals: dict[str, dict[str, float]] = {}
         self.last_checkpoint_step: int | None = None
         self._restored_state: dict | None = None
+        self._state: dict | None = None  # the objects a checkpoint saves, from `steps` on
         self._unchecked: tuple[int, dict] | None = None  # metrics of a step not yet checked for NaN/inf
         # wall time of the run's counted steps over all its processes; None after resuming a checkpoint
         # that did not record it (written before offrl kept it)
@@ -256,6 +257,9 @@ class Run:
         self.stop_signal = signum
         if self._preparing is not None:
             say_stopping(signum, f"signal {signum}: stopping {self._preparing[1]}; signal again to stop at once\n")
+        elif self._state is None:  # no step yet: work before the first (a dynamics model) may stop sooner
+            say_stopping(signum, f"signal {signum}: stopping before the run's first step where it can, else after "
+                                 "it with a checkpoint; signal again to stop at once\n")
         else:
             say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) "
                                  "with a checkpoint; signal again to stop at once\n")

@@ -207,10 +207,10 @@ def test_a_signal_while_the_dynamics_model_trains_stops_the_run_there(tiny, tmp_
 
 
 def test_before_the_first_step_a_pending_signal_skips_the_work_and_a_further_one_changes_nothing(tiny, tmp_path,
-                                                                                                  monkeypatch):
+                                                                                                  monkeypatch, capfd):
     """A signal that came before the block (the handlers are the Run's from its construction) stops the run at
-    its start, without the work; one more while the run stops (closing its logs) neither raises nor leaves the
-    folder behind."""
+    its start, without the work, and its notice promises no step; one more while the run stops (closing its logs)
+    neither raises nor leaves the folder behind."""
     from algos import bc
     from offrl import logging as offrl_logging
     from offrl.run import Run
@@ -220,6 +220,8 @@ def test_before_the_first_step_a_pending_signal_skips_the_work_and_a_further_one
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     run = Run("bc", cfg)
     os.kill(os.getpid(), signal.SIGTERM)  # a flag only: the Run's handler
+    notice = capfd.readouterr().err  # the handler writes to fd 2
+    assert "stopping before the run's first step where it can" in notice and "after this step" not in notice, notice
     real_close = offrl_logging.Logger.close
 
     def close(self):
