@@ -112,6 +112,22 @@ def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_wandb_logging_without_the_wandb_package_is_one_error_before_a_run_folder_is_made(tiny, tmp_path, monkeypatch):
+    import importlib.util
+
+    from algos import bc
+    from offrl.errors import OffrlError
+    from offrl.run import check_run_options
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    cfg = bc.Config(steps=10)
+    with pytest.raises(OffrlError, match="--log.wandb offline needs the wandb package"):
+        check_run_options(cfg, cfg.steps)
+    cfg.log.wandb = "disabled"
+    check_run_options(cfg, cfg.steps)
+
+
 def test_resume_takes_only_its_own_run_folder(tiny, tmp_path):
     """--resume auto with --log.name resumes that folder only (it extended another name's finished run); a
     checkpoint file outside a run folder is refused (its grandparent folder became the run folder)."""
