@@ -261,7 +261,7 @@ class Run:
         if self._preparing is not None:
             say_stopping(signum, f"signal {signum}: stopping {self._preparing[1]}; signal again to stop at once\n")
         elif self._state is None:  # no step yet: work before the first (a dynamics model) may stop sooner
-            say_stopping(signum, f"signal {signum}: stopping before the run's first step where it can, else after "
+            say_stopping(signum, f"signal {signum}: stopping before this process's first step where it can, else after "
                                  "it with a checkpoint; signal again to stop at once\n")
         else:
             say_stopping(signum, f"signal {signum}: stopping after this step (its evaluation, if one runs, first) "

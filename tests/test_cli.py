@@ -112,7 +112,8 @@ def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, 
     assert not (tmp_path / "runs").exists()
 
 
-def test_wandb_logging_without_the_wandb_package_is_one_error_before_a_run_folder_is_made(tiny, tmp_path, monkeypatch):
+def test_wandb_logging_without_the_wandb_package_is_one_error_up_front(monkeypatch):
+    """check_run_options runs before a Run makes its folder (test_bad_option_values_... checks that for the rest)."""
     import importlib.util
 
     from algos import bc

@@ -221,7 +221,7 @@ def test_before_the_first_step_a_pending_signal_skips_the_work_and_a_further_one
     run = Run("bc", cfg)
     os.kill(os.getpid(), signal.SIGTERM)  # a flag only: the Run's handler
     notice = capfd.readouterr().err  # the handler writes to fd 2
-    assert "stopping before the run's first step where it can" in notice and "after this step" not in notice, notice
+    assert "stopping before this process's first step where it can" in notice and "after this step" not in notice, notice
     real_close = offrl_logging.Logger.close
 
     def close(self):

@@ -195,6 +195,7 @@ def test_a_real_attack_critic_on_cuda_attacks_as_on_the_cpu(tiny, tmp_path, algo
                        else judge.q(obs, act)).mean().item()
         assert q["cuda"] == pytest.approx(q["cpu"], rel=1e-3, abs=1e-3), field
 
+
 @pytest.mark.parametrize("algo, extra", [
     ("iql", []),
     ("iql", ["--critic-loss", "hl-gauss", "--actor", "deterministic", "--data.sampling", "return-weighted"]),
