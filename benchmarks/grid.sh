@@ -16,9 +16,9 @@
 #
 # Budget classes, one benchmarks.sweep each, sized for a 2-core CPU with AVX-512 (2 one-thread runs at a
 # time, --spread-threads at each sweep's tail) to finish in about 3 days. ms/update at 1 thread in fp32 from
-# results/speed.md ("Update speed"); MOPO/MOBILE/RAVL are not in it, so their figures are the AVX2 machine's
-# (benchmarks/model_based.sh: update + a 50k-state rollout round every 1000 steps, ~25 ms a step), an upper
-# bound here. Each class: ms x steps x 9 datasets x 3 seeds x 1.10 (evaluations, logging, checkpoints: the
+# results/speed.md ("Update speed"); MOPO/MOBILE/RAVL are not in it, so their figures are the AVX2 EPYC's
+# (results/speed.md part "updates-epyc-avx2", its training runs paused; a 50k-state rollout round every 1000
+# steps adds ~25 ms a step, benchmarks/model_based.sh), an upper bound here. Each class: ms x steps x 9 datasets x 3 seeds x 1.10 (evaluations, logging, checkpoints: the
 # goal of `python -m benchmarks.speed --end-to-end`) / 2 jobs:
 #
 #   sweep          algorithms: ms/update at 1 thread          steps   core-hours (sum ms)   wall hours
@@ -26,14 +26,14 @@
 #                  riql 14.68, rcsl 19.98 (at most: RCSL
 #                  stops early on its hold-out loss)
 #   grid-slow      cql 200.89, dt 197.65                      10000   32.9 (398.54)         16.4
-#   grid-mopo      mopo 31 + 25 (AVX2)                        20000    9.2 (56)              4.6
-#   grid-mb-slow   mobile 282 + 25, ravl 409 + 25 (AVX2)       3000   18.3 (741)             9.2
+#   grid-mopo      mopo 17 + 25 (AVX2)                        20000    6.9 (42)              3.5
+#   grid-mb-slow   mobile 135 + 25, ravl 161 + 25 (AVX2)       3000    8.6 (346)             4.3
 #   models         9 dynamics ensembles (one per dataset, seed 0, shared by MOPO/MOBILE/RAVL and their
 #                  seeds), at most MODEL_EPOCHS = 50 epochs of ~N/256 steps (9.3M rows in all: 36.4k steps
 #                  an epoch) at ~19 ms a step (1.4 GFLOP at ~75 GFLOP/s; an estimate, not measured:
 #                  `python -m benchmarks.speed --algos dynamics --threads 1`):    9.6                    4.8
 #   datasets       the 9, and the 3 expert ones medium-expert is made from (results/datasets.md)      0.5
-#   total          ~56 h of wall time; the rest of the 3 days is margin for the estimated figures above.
+#   total          ~50 h of wall time; the rest of the 3 days is margin for the estimated figures above.
 #
 # The papers train 1M steps (DT 100k, MOPO/MOBILE/RAVL 3M); these budgets are far below, and the table says
 # which each row had. The shared dynamics models all train to early stopping within MODEL_EPOCHS: MOBILE's own
