@@ -287,10 +287,12 @@ def dynamics_models(groups: dict) -> dict:
     return {"models": list(models.values()), "unrecorded_runs": {d: n for d, n in unrecorded.items() if n}}
 
 
-def dynamics_models_section(entry: dict) -> list[str]:
-    """Markdown lines on the dynamics models of the model-based rows (none without recorded models)."""
+def dynamics_models_section(entry: dict, machines: dict[str, str] | None = None) -> list[str]:
+    """Markdown lines on the dynamics models of the model-based rows (none without recorded models); a model
+    trained on one of the table's `machines` (key -> description) names its key."""
     if not entry:
         return []
+    key_of = {description: key for key, description in (machines or {}).items()}
     lines = ["", "## Dynamics models", "",
              "The ensembles the model-based rows rolled out (`python -m world_models.train`; cached per dataset, "
              "config and seed, so a dataset's rows share one), as their runs recorded them: the model file's "
@@ -308,33 +310,26 @@ def dynamics_models_section(entry: dict) -> list[str]:
         rows = ", ".join(f"{label} ({n})" for label, n in m["rows"].items())
         lines.append(f"| {m['dataset']} | {model} | {m['epochs'] if m['epochs'] is not None else 'n/a'} | {mse} | "
                      f"{hours(m['cpu_hours'])} | {hours(m['wall_hours'])} | "
-                     f"{'n/a' if m['timed_from_epoch'] is None else m['timed_from_epoch']} | {m['machine'] or 'n/a'} | {rows} |")
+                     f"{'n/a' if m['timed_from_epoch'] is None else m['timed_from_epoch']} | {key_of.get(m['machine'], m['machine'] or 'n/a')} | {rows} |")
     if entry["unrecorded_runs"]:
         lines += ["", "Model-based runs that recorded no model (finished before offrl recorded it): "
                   + ", ".join(f"{d}: {n}" for d, n in entry["unrecorded_runs"].items()) + "."]
     return lines
 
 
-def hardware_of(groups: dict, runs: list[dict]) -> str:
-    # machine description -> row label -> the datasets that label ran there
-    machines: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
-    datasets_of: dict[str, set[str]] = defaultdict(set)
+def hardware_of(groups: dict, runs: list[dict]) -> tuple[str, dict[str, str], dict[tuple, list[str]]]:
+    """Where the runs ran: the caption's hardware phrase, and where they ran on more than one machine, the
+    machines keyed M1, M2, ... (in table order: the first row's is M1) with each row's keys; else {} and {}."""
     # CPU model names only when every run recorded one (runs from before offrl recorded it would otherwise
     # read as another machine)
     cpu_model = all(r["env"].get("cpu_model") for r in runs)
-    for (row, dataset), rs in sorted(groups.items()):
-        datasets_of[row].add(dataset)
-        for description in dict.fromkeys(machine_of(r["env"], cpu_model) for r in rs):
-            machines[description][row].append(dataset)
-
-    def rows_on(labels: dict[str, list[str]]) -> str:  # a label whose datasets ran on several machines names them
-        return ", ".join(label if set(sets) == datasets_of[label] else f"{label} on {' and '.join(sets)}"
-                         for label, sets in labels.items())
-
-    if len(machines) == 1:
-        hardware = next(iter(machines))
-    else:
-        hardware = "by row: " + "; ".join(f"{rows_on(labels)}: {description}" for description, labels in machines.items())
+    keys: dict[str, str] = {}  # machine description -> key
+    row_machines: dict[tuple, list[str]] = {}
+    for group, rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):  # the table's row order
+        descriptions = list(dict.fromkeys(machine_of(r["env"], cpu_model) for r in _by_seed(rs)))
+        for description in descriptions:
+            keys.setdefault(description, f"M{len(keys) + 1}")
+        row_machines[group] = [keys[d] for d in descriptions]
     threads = sorted({r["threads"] for r in runs}, key=str)
     if threads == [1]:
         clause = "one thread per run"
@@ -342,8 +337,11 @@ def hardware_of(groups: dict, runs: list[dict]) -> str:
         counts = ", ".join(f"{sum(r['threads'] == t for r in runs)} at {t or 'torch default'}" for t in threads)
         clause = (f"threads per run as last resumed: {counts} (a resume may add threads; that changes float "
                   "reductions, not the algorithm)")
-    # by row, the clause would read as the last machine's: it counts every row's runs
-    return f"{hardware}, {clause}" if len(machines) == 1 else f"{hardware}. All rows: {clause}"
+    if len(keys) == 1:
+        return f"{next(iter(keys))}, {clause}", {}, {}
+    # the clause counts every row's runs, so it follows the machine list rather than any one machine
+    return (f"each row's machine column, the machines listed below the caption; all rows: {clause}",
+            {key: description for description, key in keys.items()}, row_machines)
 
 
 def steps_cell(row: dict) -> str:
@@ -375,18 +373,21 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                              f"{finished_at[(d['variant'], d['dataset'], d['seed'])]} and a diverged one "
                              f"{d['run_dir']}: keep one")
     finished = [r["finished"] for r in runs if r.get("finished") is not None]
+    hardware = hardware_of(groups, runs) if runs else ("", {}, {})
     out = {"title": title, "command": command, "generated_by": "python -m benchmarks.table", "runs": len(runs),
            "last_finished": time.strftime("%Y-%m-%d", time.gmtime(max(finished))) if finished else None,
            "seeds": sorted({r["seed"] for r in runs}), "steps": sorted({r["steps"] for r in runs}),
            "step_unit": step_unit(r["algo"] for r in runs if r.get("algo")),
            "episodes": sorted({r["episodes"] for r in runs}), "train_episodes": sorted({r["train_episodes"] for r in runs}),
-           "reeval_seed": reeval_seed, "hardware": hardware_of(groups, runs) if runs else None,
+           "reeval_seed": reeval_seed, "hardware": hardware[0] if runs else None,
            "statistics": {"implementation": stats.implementation(), "method": "stratified bootstrap, percentile",
                           "reps": reps, "seed": seed, "confidence": stats.CONFIDENCE,
                           "optimality_gap_threshold": stats.GAMMA},
            "rows": [], "aggregates": []}
     if diverged:  # the key only where there are some: tables made before it regenerate byte for byte
         out["diverged"] = diverged
+    if hardware[1]:  # likewise: only tables whose runs ran on more than one machine
+        out["machines"] = hardware[1]
     differing = differing_data(groups)
     if differing:  # the key only where needed: tables made before it regenerate byte for byte
         out["differing_data"] = differing
@@ -406,6 +407,8 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
                **stats.summary(final[:, None], reps, seed, optimality_gap=_is_normalized(rs)),
                "hours_per_run": float(np.mean(walls) / 3600) if walls else None, "runs_with_wall_time": len(walls),
                "run_dirs": [r["run_dir"] for r in rs]}
+        if hardware[2]:
+            row["machines"] = hardware[2][(label, dataset)]
         if dataset in differing:
             row["data_checksums"] = sorted({r["data_checksum"] for r in rs if r.get("data_checksum")})
         diverged_seeds = [d["seed"] for d in diverged
@@ -503,10 +506,14 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
     if any("stopped_at" in row for row in summary["rows"]):
         lines[-2] += (" Steps: the budget, and in brackets where early stopping (RCSL's hold-out loss) ended the "
                       "runs of a row (the policy of the best hold-out loss is the one evaluated).")
+    machines = summary.get("machines", {})
+    if machines:
+        lines += ["Machines:", "", *(f"- {key}: {description}" for key, description in machines.items()), ""]
     if command:
         lines += [f"Command: `{command}`", ""]
-    lines += ["| variant | dataset | seeds | steps | precision | final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    machine_header = " machine |" if machines else ""
+    lines += ["| variant | dataset | seeds | steps | precision |" + machine_header + " final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
+              "|---|---|---|---|---|" + ("---|" if machines else "") + "---|---|---|---|"]
     for row in summary["rows"]:
         final, best = row["final"], row["best"]
         hours = "n/a" if row["hours_per_run"] is None else f"{row['hours_per_run']:.2f}" + (
@@ -514,12 +521,13 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
         seeds = f"{row['n']}" + (f" (+{len(row['diverged_seeds'])} diverged)" if row.get("diverged_seeds") else "")
         dataset = row["dataset"] + (f" (data {', '.join(c[:8] for c in row['data_checksums'])})"
                                     if "data_checksums" in row else "")
+        machine = f" {', '.join(row['machines'])} |" if machines else ""
         lines.append(f"| {row['variant']} | {dataset} | {seeds} | {steps_cell(row)} | "
-                     f"{'/'.join(row['precision'])} | {final['mean']:.1f} ± {final['std']:.1f} | "
+                     f"{'/'.join(row['precision'])} |{machine} {final['mean']:.1f} ± {final['std']:.1f} | "
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
     lines += differing_data_section(summary.get("differing_data", {}))
     lines += diverged_section(summary.get("diverged", []))
-    lines += dynamics_models_section(summary.get("dynamics_models", {}))
+    lines += dynamics_models_section(summary.get("dynamics_models", {}), machines)
     lines += ["", "## Aggregate over datasets", "",
               "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
               "datasets), mean (of the per-dataset means) and optimality gap (100 minus the mean of min(score, 100): "

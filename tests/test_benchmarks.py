@@ -608,24 +608,37 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
            "wall": None, "threads": 1}
     groups = {("bc", "d"): [{**run, "seed": s, "run_dir": f"bc{s}", "env": cpu} for s in range(2)],
               ("cql", "d"): [{**run, "seed": s, "run_dir": f"cql{s}", "env": gpu} for s in range(2)]}
-    caption = table.render(groups, "t", None)
-    assert ("Hardware: by row: bc: x86_64, 16 cores, device cpu; torch 2.11.0; "
-            "cql: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0. All rows: one thread per run.") in caption
+    text = table.render(groups, "t", None)
+    assert ("Hardware: each row's machine column, the machines listed below the caption; all rows: one thread "
+            "per run.") in text
+    assert ("Machines:\n\n- M1: x86_64, 16 cores, device cpu; torch 2.11.0\n"
+            "- M2: x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0\n") in text
+    assert "| precision | machine | final" in text
+    assert "| bc | d | 2 | 10 | fp32 | M1 | 50.0" in text and "| cql | d | 2 | 10 | fp32 | M2 | 50.0" in text
+    summary = table.summarize(groups, "t", None)
+    assert summary["machines"] == {"M1": "x86_64, 16 cores, device cpu; torch 2.11.0",
+                                   "M2": "x86_64, 16 cores, device cuda (NVIDIA H100); torch 2.11.0"}
+    assert [row["machines"] for row in summary["rows"]] == [["M1"], ["M2"]]
     same = table.render({("bc", "d"): groups[("bc", "d")]}, "t", None)
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in same
+    assert "| machine |" not in same and "machines" not in table.summarize({("bc", "d"): groups[("bc", "d")]}, "t", None)
     # CPU model names once every run recorded one; a run from before offrl recorded it hides them all
     epyc = {**cpu, "cpu_model": "AMD EPYC 9R14", "cpu_native_bf16": True}
     named = {("bc", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]]}
     assert "Hardware: AMD EPYC 9R14 (x86_64, native bfloat16), 16 cores, device cpu;" in table.render(named, "t", None)
     named[("bc", "d")][1]["env"] = cpu
     assert "Hardware: x86_64, 16 cores, device cpu; torch 2.11.0, one thread per run" in table.render(named, "t", None)
-    # a variant whose datasets ran on different machines: the caption names the datasets of each
+    # a variant whose datasets ran on different machines: each of its rows names its own; a row whose seeds
+    # ran on two machines names both
     xeon = {**cpu, "cpu_model": "Xeon", "cpu_native_bf16": True}
     split = {("bc", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]],
              ("bc", "e"): [{**r, "env": xeon} for r in groups[("bc", "d")]],
-             ("cql", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]]}
-    caption = table.render(split, "t", None)
-    assert "by row: bc on d, cql: AMD EPYC 9R14" in caption and "; bc on e: Xeon" in caption
+             ("cql", "d"): [{**r, "env": epyc} for r in groups[("bc", "d")]],
+             ("cql", "e"): [{**groups[("bc", "d")][0], "env": xeon}, {**groups[("bc", "d")][1], "env": epyc}]}
+    text = table.render(split, "t", None)
+    assert "- M1: AMD EPYC 9R14 (x86_64, native bfloat16), 16 cores" in text and "- M2: Xeon (x86_64, native" in text
+    assert "| bc | d | 2 | 10 | fp32 | M1 |" in text and "| cql | d | 2 | 10 | fp32 | M1 |" in text
+    assert "| bc | e | 2 | 10 | fp32 | M2 |" in text and "| cql | e | 2 | 10 | fp32 | M2, M1 |" in text
 
 
 def test_speed_benchmark_times_an_algorithm_with_the_options_given():
