@@ -545,13 +545,29 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
                      f"{_interval(agg['mean'])} | {_interval(agg.get('optimality_gap'))} |")
     if len({tuple(agg["datasets"]) for agg in summary["aggregates"]}) > 1:
         lines += ["", "The variants cover different datasets, so their aggregates are not comparable with each other: "
-                      + "; ".join(f"{agg['variant']}: {', '.join(agg['datasets'])}" for agg in summary["aggregates"]) + "."]
+                      + coverage(summary["aggregates"]) + "."]
     if plots:
         lines += ["", "## Plots", ""]
         for caption, link in plots:
             lines += [f"![{caption}]({link})", ""]
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def coverage(aggregates: list[dict]) -> str:
+    """Which datasets each variant's aggregate covers, of all the table's: those that cover all are named once,
+    each other one by the shorter of what it has and what it lacks."""
+    every = sorted({d for agg in aggregates for d in agg["datasets"]})
+    complete = [agg["variant"] for agg in aggregates if len(agg["datasets"]) == len(every)]
+    parts = [f"{', '.join(complete)}: all {len(every)}"] if complete else []
+    for agg in aggregates:
+        has = agg["datasets"]
+        if len(has) == len(every):
+            continue
+        lacks = [d for d in every if d not in has]
+        parts.append(f"{agg['variant']}: {len(has)}, all but {', '.join(lacks)}" if len(lacks) < len(has)
+                     else f"{agg['variant']}: {len(has)}, {', '.join(has)}")
+    return "; ".join(parts)
 
 
 def differing_data_section(differing: dict[str, dict]) -> list[str]:

@@ -641,6 +641,14 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
     assert "| bc | e | 2 | 10 | fp32 | M2 |" in text and "| cql | e | 2 | 10 | fp32 | M2, M1 |" in text
 
 
+def test_aggregate_coverage_names_each_variant_by_the_shorter_of_what_it_has_and_lacks():
+    every = [f"d{i}" for i in range(5)]
+    aggregates = [{"variant": "a", "datasets": every}, {"variant": "b", "datasets": every},
+                  {"variant": "c", "datasets": every[:4]}, {"variant": "d", "datasets": ["d1", "d3"]}]
+    assert table.coverage(aggregates) == "a, b: all 5; c: 4, all but d4; d: 2, d1, d3"
+    assert table.coverage(aggregates[2:]) == "c: all 4; d: 2, d1, d3"  # all of what the variants cover
+
+
 def test_speed_benchmark_times_an_algorithm_with_the_options_given():
     """--run-args without --end-to-end sets the timed algorithm's options (WSRL's pre-training ensemble here);
     a world-model step takes none."""
