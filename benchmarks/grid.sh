@@ -8,7 +8,8 @@
 #   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR results/grid/runs)
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
-#   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: runs by state, steps and core-hours left
+#   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: each dynamics model's epochs, runs by
+#                                  state, steps and core-hours left
 #                                  (give it the grid's own BF16 and budgets: BF16 names the variant folders, the
 #                                  budgets say which runs are finished)
 #   OTHER_DATA=1 ...                                     # run on datasets this machine made with other bytes than
@@ -116,8 +117,9 @@
 # loss compiled; on one thread of the 2-core Xeon with AMX, bf16, a training step took 7.69 ms against 10.12
 # eager, results/speed.md parts dynamics-xeon-amx-bf16*, after ~15 s of compiling; like MODEL_PRECISION it names
 # which cached model the runs use), DRY_RUN=1 (print the commands instead of running
-# them), STATUS=1 (per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted and
-# unstarted runs, steps and core-hours left; runs nothing).
+# them), STATUS=1 (each dataset's dynamics model, `world_models.train --status`: trained, or its epochs done and
+# whether it is training now; per sweep, `benchmarks.sweep --status`: finished, running, diverged, interrupted
+# and unstarted runs, steps and core-hours left; runs nothing).
 #
 # The model-based runs start once every dynamics model their DATASETS need is trained: with one model left (hours
 # for a 1M-row dataset on one thread), the other JOBS slots idle. Two invocations with JOBS=1 keep both cores
@@ -239,14 +241,33 @@ PY
 fi
 
 # 2. one dynamics model per dataset for MOPO/MOBILE/RAVL, JOBS at a time (cached; reused by every run)
+model_options=(--seed 0 --model.max-epochs "$model_epochs" --threads 1)
+[ "$model_precision" = fp32 ] || model_options+=(--model.precision "$model_precision")
+[ "$model_compile" = 0 ] || model_options+=(--model.compile)
+if [ "$status" = 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
+  # world_models.train --status for each dataset, in one process (torch imported once)
+  echo "dynamics models (world_models.train $(quoted "${model_options[@]}")--status):"
+  python - "${model_options[@]}" -- "${datasets[@]}" <<'PY' || exit 2
+import sys
+
+import tyro
+
+from offrl.data import load_dataset, suite
+from world_models.train import TrainModelConfig, model_status
+
+cut = sys.argv.index("--")
+for dataset in sys.argv[cut + 1:]:
+    cfg = tyro.cli(TrainModelConfig, args=["--dataset", dataset, *sys.argv[1:cut]])
+    made = dataset not in suite.known_ids() or suite.exists(dataset)
+    print(f"  {dataset}: {model_status(load_dataset(dataset), cfg.model, cfg.seed) if made else 'dataset not made yet'}")
+PY
+fi
 if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
   if [ "$dry" = 1 ]; then echo "mkdir -p $(quoted "$out/grid-models")# then these, $jobs at a time:"
   else mkdir -p "$out/grid-models"; fi
   pids=()
   for ds in "${datasets[@]}"; do
-    model=(python -m world_models.train --dataset "$ds" --seed 0 --model.max-epochs "$model_epochs" --threads 1)
-    [ "$model_precision" = fp32 ] || model+=(--model.precision "$model_precision")
-    [ "$model_compile" = 0 ] || model+=(--model.compile)
+    model=(python -m world_models.train --dataset "$ds" "${model_options[@]}")
     log="$out/grid-models/${ds//\//-}.log"
     if [ "$dry" = 1 ]; then echo "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(quoted "${model[@]}")> $log 2>&1 &"; continue; fi
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done

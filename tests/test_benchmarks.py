@@ -853,6 +853,11 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
                                                                                  "grid-mopo (20000 steps):"]
     rows = {line.split()[0]: line.split()[1:8] for line in text.splitlines() if line.split()[0] in ("bc", "mopo")}
     assert rows == {"bc": ["27", "0", "0", "0", "0", "27", "2700000"], "mopo": ["27", "0", "0", "0", "0", "27", "540000"]}
+    # and each dataset's dynamics model (world_models.train --status with the grid's model options)
+    models = text.split("dynamics models (world_models.train --seed 0 --model.max-epochs 50 --threads 1 --status):\n")[1]
+    assert models.splitlines()[:9] == [f"  {d}: dataset not made yet" for d in (
+        f"offrl/{env}/{level}-v0" for env in ("hopper", "halfcheetah", "walker2d")
+        for level in ("medium", "medium-replay", "medium-expert"))]
     assert not (tmp_path / "status").exists()
 
 

@@ -346,6 +346,40 @@ def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_p
     assert "file_unread" in replaced and "training" not in replaced and "sha256" not in replaced
 
 
+def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):
+    """--status: 'not begun', 'stopped' / 'training now' (the entry's lock held) at the epochs checkpointed in
+    training.pt, 'trained' with its epochs; it makes no cache entry, trains nothing and waits for no lock."""
+    from offrl import checkpoint as ckpt
+    from offrl.data import load_dataset
+    from world_models.train import cache_folder, load_or_train, model_status
+
+    status = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *TINY_MODEL, "--cache-dir", str(tmp_path),
+                     "--status")
+    assert status.stdout.startswith(f"{tiny}: not begun: {tmp_path}") and "epoch" not in status.stderr
+    assert not any(tmp_path.iterdir())
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16,), weight_decay=(0.0, 0.0), max_epochs=3)
+    folder = cache_folder(dataset, cfg, 0, tmp_path)
+    inputs, targets = transitions_to_training(dataset.observations, dataset.actions, dataset.rewards,
+                                              dataset.next_observations)
+    partial = EnsembleTrainer(DynamicsEnsemble(dataset.obs_dim, dataset.act_dim, cfg), inputs, targets, seed=0)
+    partial.train_epoch()
+    partial.train_epoch()
+    ckpt.save(folder / "training.pt", partial.state_dict())
+    assert model_status(dataset, cfg, 0, tmp_path) == f"stopped (the same command continues it), 2 epochs done (at most 3): {folder / 'training.pt'}"
+    with ckpt.exclusive(folder / "lock"):  # as a process training it holds it (flock: another open file is refused)
+        assert model_status(dataset, cfg, 0, tmp_path).startswith("training now, 2 epochs done (at most 3): ")
+    load_or_train(dataset, cfg, 0, cache_dir=tmp_path, progress=False)
+    assert model_status(dataset, cfg, 0, tmp_path) == f"trained, 3 epochs: {folder / 'model.pt'}"
+    (folder / "model.pt").unlink()
+    with ckpt.exclusive(folder / "lock"):
+        assert model_status(dataset, cfg, 0, tmp_path) == f"training now, no epoch done yet: {folder}"
+    made = run_cli(PYTHON, "-m", "world_models.train", "--dataset", "offrl/hopper/medium-v0", "--status")
+    assert made.stdout == "offrl/hopper/medium-v0: dataset not made yet\n"  # and it was not made
+    from offrl.data import suite
+    assert not suite.exists("offrl/hopper/medium-v0")
+
+
 def test_a_model_being_trained_by_another_process_is_waited_for_and_reused(tiny, tmp_path):
     """While one process trains a cache entry (here: this test, holding the entry's lock), a second asking
     for the same model waits instead of training it too, then reuses the model the first one saved."""

@@ -3,6 +3,7 @@
     python -m world_models.train --dataset offrl/hopper/medium-replay-v0
     python -m world_models.train --dataset my-data.npz --model.max-epochs 50 --seed 1
     python -m world_models.train --dataset offrl/tiny-v0 --retrain
+    python -m world_models.train --dataset offrl/hopper/medium-v0 --model.max-epochs 50 --status  # trained yet?
 
 A trained model is cached under `<cache>/<dataset checksum>-<config hash>/model.pt`, where the hash
 covers the ensemble config and the seed, so every algorithm run on the same data and config reuses
@@ -67,6 +68,9 @@ class TrainModelConfig:
     """Train a new model even when the cache has one for this dataset and config."""
     progress: bool = True
     """Print a line per epoch: train NLL and holdout MSE per member."""
+    status: bool = False
+    """Say where this dataset, config and seed's model stands in the cache (trained, a training stopped or
+    going on at some epoch, not begun) and exit: trains nothing, makes no dataset, waits for no lock."""
 
 
 def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
@@ -158,6 +162,26 @@ def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: st
     return Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
 
 
+def model_status(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, cache_dir: str | Path | None = None) -> str:
+    """One line on where the cached model of this dataset, config and seed stands, without training or waiting:
+    'trained' (its epochs and file), 'training now' / 'stopped' at its last checkpointed epoch (whether a
+    process holds the entry's lock), or 'not begun'."""
+    folder = cache_folder(dataset, cfg, seed, cache_dir)
+    path, training, lock = folder / "model.pt", folder / "training.pt", folder / "lock"
+    if path.exists():
+        return f"trained, {ckpt.load(path, map_location='cpu').get('epochs', '?')} epochs: {path}"
+    busy = False
+    if lock.exists():  # held while a process trains the entry (or waits to reuse its model)
+        with open(lock, "a") as held:
+            busy = not ckpt.try_lock(held)  # closing the file lets go of a lock taken here at once
+    cap = "early stopping only" if cfg.max_epochs is None else f"at most {cfg.max_epochs}"
+    if training.exists():
+        epoch = int(ckpt.load(training, map_location="cpu")["epoch"])
+        state = "training now" if busy else "stopped (the same command continues it)"
+        return f"{state}, {epoch} epochs done ({cap}): {training}"
+    return f"training now, no epoch done yet: {folder}" if busy else f"not begun: {folder}"
+
+
 def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: torch.device | str = "cpu",
                   model_path: str | None = None, retrain: bool = False, cache_dir: str | Path | None = None,
                   progress: bool = True, should_stop: Callable[[], bool] | None = None) -> tuple[DynamicsEnsemble, Path]:
@@ -238,7 +262,7 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
     return model, path
 
 
-def main(cfg: TrainModelConfig) -> Path:
+def main(cfg: TrainModelConfig) -> Path | None:
     from offrl.data import load_dataset
     from offrl.data import suite
 
@@ -247,6 +271,12 @@ def main(cfg: TrainModelConfig) -> Path:
     check_config(cfg.model, training=True)  # before a cache entry is made for it
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.status:
+        if cfg.dataset in suite.known_ids() and not suite.exists(cfg.dataset):
+            print(f"{cfg.dataset}: dataset not made yet")
+        else:
+            print(f"{cfg.dataset}: {model_status(load_dataset(cfg.dataset), cfg.model, cfg.seed, cfg.cache_dir)}")
+        return None
     suite.ensure(cfg.dataset)
     dataset = load_dataset(cfg.dataset)
     model, path = load_or_train(dataset, cfg.model, cfg.seed, resolve_device(cfg.device), retrain=cfg.retrain,
