@@ -369,6 +369,10 @@ def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_pa
     assert model_status(dataset, cfg, 0, tmp_path) == f"stopped (the same command continues it), 2 epochs done (at most 3): {folder / 'training.pt'}"
     with ckpt.exclusive(folder / "lock"):  # as a process training it holds it (flock: another open file is refused)
         assert model_status(dataset, cfg, 0, tmp_path).startswith("training now, 2 epochs done (at most 3): ")
+    # timed epochs give the CPU time left at most (here 1 of 3 epochs at 7200 CPU seconds each)
+    ckpt.save(folder / "training.pt", {**partial.state_dict(), "spent": {"wall_seconds": 9000.0, "cpu_seconds": 7200.0,
+                                                                         "timed_from_epoch": 1}})
+    assert "2 epochs done (at most 3; at most 2.0 CPU hours left at its pace so far): " in model_status(dataset, cfg, 0, tmp_path)
     load_or_train(dataset, cfg, 0, cache_dir=tmp_path, progress=False)
     assert model_status(dataset, cfg, 0, tmp_path) == f"trained, 3 epochs: {folder / 'model.pt'}"
     (folder / "model.pt").unlink()

@@ -70,7 +70,8 @@ class TrainModelConfig:
     """Print a line per epoch: train NLL and holdout MSE per member."""
     status: bool = False
     """Say where this dataset, config and seed's model stands in the cache (trained, a training stopped or
-    going on at some epoch, not begun) and exit: trains nothing, makes no dataset, waits for no lock."""
+    going on at some epoch, with the CPU hours its remaining epochs take at most at its pace, not begun) and
+    exit: trains nothing, makes no dataset, waits for no lock."""
 
 
 def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
@@ -165,7 +166,8 @@ def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: st
 def model_status(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, cache_dir: str | Path | None = None) -> str:
     """One line on where the cached model of this dataset, config and seed stands, without training or waiting:
     'trained' (its epochs and file), 'training now' / 'stopped' at its last checkpointed epoch (whether a
-    process holds the entry's lock), or 'not begun'."""
+    process holds the entry's lock; with --model.max-epochs, the CPU hours the epochs left take at the pace of
+    those it timed: at most, as early stopping may end it sooner), or 'not begun'."""
     folder = cache_folder(dataset, cfg, seed, cache_dir)
     path, training, lock = folder / "model.pt", folder / "training.pt", folder / "lock"
     if path.exists():
@@ -176,7 +178,12 @@ def model_status(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, cache_dir
             busy = not ckpt.try_lock(held)  # closing the file lets go of a lock taken here at once
     cap = "early stopping only" if cfg.max_epochs is None else f"at most {cfg.max_epochs}"
     if training.exists():
-        epoch = int(ckpt.load(training, map_location="cpu")["epoch"])
+        saved = ckpt.load(training, map_location="cpu")
+        epoch, spent = int(saved["epoch"]), saved.get("spent") or {}
+        timed = epoch - spent.get("timed_from_epoch", epoch)
+        if cfg.max_epochs is not None and timed > 0:  # the CPU time of the epochs it timed, per epoch
+            hours = spent["cpu_seconds"] / timed * (cfg.max_epochs - epoch) / 3600
+            cap += f"; at most {hours:.1f} CPU hours left at its pace so far"
         state = "training now" if busy else "stopped (the same command continues it)"
         return f"{state}, {epoch} epochs done ({cap}): {training}"
     return f"training now, no epoch done yet: {folder}" if busy else f"not begun: {folder}"
