@@ -10,8 +10,9 @@
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
 #   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: each dynamics model's epochs, runs by
 #                                  state, steps and core-hours left
-#                                  (give it the grid's own BF16 and budgets: BF16 names the variant folders, the
-#                                  budgets say which runs are finished)
+#                                  (give it the grid's own BF16, budgets and MODEL_*: BF16 names the variant
+#                                  folders, the budgets say which runs are finished, MODEL_EPOCHS/PRECISION/COMPILE
+#                                  which cached models are the grid's)
 #   OTHER_DATA=1 ...                                     # run on datasets this machine made with other bytes than
 #                                                        # the committed reference (refused otherwise)
 #
@@ -253,13 +254,18 @@ import sys
 import tyro
 
 from offrl.data import load_dataset, suite
+from offrl.errors import OffrlError
 from world_models.train import TrainModelConfig, model_status
 
 cut = sys.argv.index("--")
 for dataset in sys.argv[cut + 1:]:
     cfg = tyro.cli(TrainModelConfig, args=["--dataset", dataset, *sys.argv[1:cut]])
-    made = dataset not in suite.known_ids() or suite.exists(dataset)
-    print(f"  {dataset}: {model_status(load_dataset(dataset), cfg.model, cfg.seed) if made else 'dataset not made yet'}")
+    try:  # one dataset's error (a file gone, a corrupt checkpoint) leaves the others' and the sweeps' status
+        made = dataset not in suite.known_ids() or suite.exists(dataset)
+        status = model_status(load_dataset(dataset), cfg.model, cfg.seed) if made else "dataset not made yet"
+    except OffrlError as exc:
+        status = f"error: {exc}"
+    print(f"  {dataset}: {status}")
 PY
 fi
 if [ "$status" != 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then

@@ -257,10 +257,13 @@ def differing_data(groups: dict) -> dict[str, dict]:
             for dataset, sums in sorted(by_dataset.items()) if len(sums) > 1}
 
 
-def dynamics_models(groups: dict) -> dict:
+def dynamics_models(groups: dict, machine_keys: dict[str, str] | None = None) -> dict:
     """The dynamics models the model-based rows rolled out, from their runs' final.json records
     (world_models.train.model_record): one entry per dataset and model file hash, with the rows that used it,
-    and per dataset the runs that recorded no model (made before offrl recorded it). Empty without such runs."""
+    and per dataset the runs that recorded no model (made before offrl recorded it). Empty without such runs.
+    With `machine_keys` (the table's machines, description -> key, as hardware_of describes them), a model
+    trained on one of them gets its key ('machine_key'; None for another machine)."""
+    names_cpu = names_cpu_models([r for rs in groups.values() for r in rs])
     models: dict[tuple[str, str], dict] = {}
     unrecorded: dict[str, int] = defaultdict(int)
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -281,18 +284,20 @@ def dynamics_models(groups: dict) -> dict:
                                "timed_from_epoch": training.get("timed_from_epoch"),
                                "machine": machine_of(training["environment"], bool(training["environment"].get("cpu_model")))
                                if training.get("environment") else None, "rows": {}}
+                if machine_keys:  # the table's description of that machine, as its runs' CPU names allow
+                    models[key]["machine_key"] = machine_keys.get(machine_of(training["environment"], names_cpu)) \
+                        if training.get("environment") else None
             models[key]["rows"][label] = models[key]["rows"].get(label, 0) + 1
     if not models:
         return {}
     return {"models": list(models.values()), "unrecorded_runs": {d: n for d, n in unrecorded.items() if n}}
 
 
-def dynamics_models_section(entry: dict, machines: dict[str, str] | None = None) -> list[str]:
+def dynamics_models_section(entry: dict) -> list[str]:
     """Markdown lines on the dynamics models of the model-based rows (none without recorded models); a model
-    trained on one of the table's `machines` (key -> description) names its key."""
+    trained on one of the table's machines names its key."""
     if not entry:
         return []
-    key_of = {description: key for key, description in (machines or {}).items()}
     lines = ["", "## Dynamics models", "",
              "The ensembles the model-based rows rolled out (`python -m world_models.train`; cached per dataset, "
              "config and seed, so a dataset's rows share one), as their runs recorded them: the model file's "
@@ -310,26 +315,30 @@ def dynamics_models_section(entry: dict, machines: dict[str, str] | None = None)
         rows = ", ".join(f"{label} ({n})" for label, n in m["rows"].items())
         lines.append(f"| {m['dataset']} | {model} | {m['epochs'] if m['epochs'] is not None else 'n/a'} | {mse} | "
                      f"{hours(m['cpu_hours'])} | {hours(m['wall_hours'])} | "
-                     f"{'n/a' if m['timed_from_epoch'] is None else m['timed_from_epoch']} | {key_of.get(m['machine'], m['machine'] or 'n/a')} | {rows} |")
+                     f"{'n/a' if m['timed_from_epoch'] is None else m['timed_from_epoch']} | {m.get('machine_key') or m['machine'] or 'n/a'} | {rows} |")
     if entry["unrecorded_runs"]:
         lines += ["", "Model-based runs that recorded no model (finished before offrl recorded it): "
                   + ", ".join(f"{d}: {n}" for d, n in entry["unrecorded_runs"].items()) + "."]
     return lines
 
 
+def names_cpu_models(runs: list[dict]) -> bool:
+    """Whether a table names CPU models: only when every run recorded one (runs from before offrl recorded it
+    would otherwise read as another machine)."""
+    return all(r["env"].get("cpu_model") for r in runs)
+
+
 def hardware_of(groups: dict, runs: list[dict]) -> tuple[str, dict[str, str], dict[tuple, list[str]]]:
     """Where the runs ran: the caption's hardware phrase, and where they ran on more than one machine, the
     machines keyed M1, M2, ... (in table order: the first row's is M1) with each row's keys; else {} and {}."""
-    # CPU model names only when every run recorded one (runs from before offrl recorded it would otherwise
-    # read as another machine)
-    cpu_model = all(r["env"].get("cpu_model") for r in runs)
+    cpu_model = names_cpu_models(runs)
     keys: dict[str, str] = {}  # machine description -> key
     row_machines: dict[tuple, list[str]] = {}
     for group, rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):  # the table's row order
         descriptions = list(dict.fromkeys(machine_of(r["env"], cpu_model) for r in _by_seed(rs)))
         for description in descriptions:
             keys.setdefault(description, f"M{len(keys) + 1}")
-        row_machines[group] = [keys[d] for d in descriptions]
+        row_machines[group] = sorted((keys[d] for d in descriptions), key=lambda key: int(key[1:]))
     threads = sorted({r["threads"] for r in runs}, key=str)
     if threads == [1]:
         clause = "one thread per run"
@@ -391,7 +400,7 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
     differing = differing_data(groups)
     if differing:  # the key only where needed: tables made before it regenerate byte for byte
         out["differing_data"] = differing
-    models = dynamics_models(groups)
+    models = dynamics_models(groups, {description: key for key, description in hardware[1].items()})
     if models:  # likewise: only tables with runs that recorded their dynamics model
         out["dynamics_models"] = models
     for (label, dataset), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -527,7 +536,7 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
     lines += differing_data_section(summary.get("differing_data", {}))
     lines += diverged_section(summary.get("diverged", []))
-    lines += dynamics_models_section(summary.get("dynamics_models", {}), machines)
+    lines += dynamics_models_section(summary.get("dynamics_models", {}))
     lines += ["", "## Aggregate over datasets", "",
               "Per variant, its final scores as a runs × datasets array: IQM (25% trimmed mean over all runs and "
               "datasets), mean (of the per-dataset means) and optimality gap (100 minus the mean of min(score, 100): "

@@ -599,6 +599,14 @@ def test_table_lists_the_dynamics_models_the_model_based_rows_rolled_out():
             "| mopo (2), ravl (2) |") in text
     assert "recorded no model (finished before offrl recorded it): e: 1." in text
     assert "## Dynamics models" not in table.render({("mobile", "e"): groups[("mobile", "e")]}, "t", None, reps=50)
+    # rows on two machines: the model names the key of the one it trained on, described as the table describes
+    # machines (here without CPU names, which one run did not record)
+    other = {**env, "cpu_count": 16}
+    groups[("mobile", "e")] = [{**groups[("mobile", "e")][0], "env": other}]
+    text = table.render(groups, "t", None, reps=50)
+    assert "- M1: x86_64, 2 cores, device cpu; torch 2.13.0\n- M2: x86_64, 16 cores" in text
+    assert "| 19 | M1 | mopo (2), ravl (2) |" in text
+    assert table.summarize(groups, "t", None, reps=50)["dynamics_models"]["models"][0]["machine_key"] == "M1"
 
 
 def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
@@ -638,7 +646,7 @@ def test_table_caption_names_each_machine_when_rows_ran_on_different_ones():
     text = table.render(split, "t", None)
     assert "- M1: AMD EPYC 9R14 (x86_64, native bfloat16), 16 cores" in text and "- M2: Xeon (x86_64, native" in text
     assert "| bc | d | 2 | 10 | fp32 | M1 |" in text and "| cql | d | 2 | 10 | fp32 | M1 |" in text
-    assert "| bc | e | 2 | 10 | fp32 | M2 |" in text and "| cql | e | 2 | 10 | fp32 | M2, M1 |" in text
+    assert "| bc | e | 2 | 10 | fp32 | M2 |" in text and "| cql | e | 2 | 10 | fp32 | M1, M2 |" in text
 
 
 def test_aggregate_coverage_names_each_variant_by_the_shorter_of_what_it_has_and_lacks():

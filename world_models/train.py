@@ -71,7 +71,7 @@ class TrainModelConfig:
     status: bool = False
     """Say where this dataset, config and seed's model stands in the cache (trained, a training stopped or
     going on at some epoch, with the CPU hours its remaining epochs take at most at its pace, not begun) and
-    exit: trains nothing, makes no dataset, waits for no lock."""
+    exit: trains nothing, makes no dataset, waits for no lock (it takes a free one for an instant)."""
 
 
 def cache_key(dataset_checksum: str, cfg: EnsembleConfig, seed: int) -> str:
@@ -174,8 +174,10 @@ def model_status(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, cache_dir
         return f"trained, {ckpt.load(path, map_location='cpu').get('epochs', '?')} epochs: {path}"
     busy = False
     if lock.exists():  # held while a process trains the entry (or waits to reuse its model)
-        with open(lock, "a") as held:
-            busy = not ckpt.try_lock(held)  # closing the file lets go of a lock taken here at once
+        # taken for an instant where it is free: a training starting in that instant says it waits, and waits
+        # until the file is closed here (or its next 0.5 s poll)
+        with open(lock) as held:
+            busy = not ckpt.try_lock(held)
     cap = "early stopping only" if cfg.max_epochs is None else f"at most {cfg.max_epochs}"
     if training.exists():
         saved = ckpt.load(training, map_location="cpu")
