@@ -111,9 +111,12 @@ class Policy:
         return self.actor.to_env(unit).float().cpu().numpy()
 
 
-# Training checkpoints (runs/<algo>/.../checkpoints/last.pt) whose agent has an `actor` of a known kind.
+# Training checkpoints (runs/<algo>/.../checkpoints/last.pt) whose agent has an `actor` of a known kind: the
+# offline actors, and every agent built on offrl.sac.SACAgent (SAC, MOPO, MOBILE, RAVL, WSRL: a tanh-Gaussian actor
+# of the config's `hidden` and `actor_layer_norm`).
 RUN_CHECKPOINT_KINDS = {"sac": "tanh_gaussian", "cql": "tanh_gaussian", "td3_bc": "deterministic", "bc": "deterministic",
-                        "iql": "gaussian", "riql": "deterministic"}
+                        "iql": "gaussian", "riql": "deterministic", "mopo": "tanh_gaussian", "mobile": "tanh_gaussian",
+                        "ravl": "tanh_gaussian", "wsrl": "tanh_gaussian"}
 
 
 def _from_run_checkpoint(state: dict, path) -> dict:

@@ -10,7 +10,7 @@ from offrl import policies
 from offrl.errors import CheckpointError
 from offrl.nets import DeterministicActor, GaussianActor, TanhGaussianActor
 
-from conftest import PYTHON, assert_reevaluation_reproduces, run_cli
+from conftest import PYTHON, assert_reevaluation_reproduces, run_cli, tiny_model
 
 
 def test_sac_trains_and_saves_actor_snapshots(tmp_path):
@@ -57,18 +57,44 @@ def test_a_file_that_is_not_a_policy_is_refused(tmp_path):
         policies.load_policy(tmp_path / "x.pt")
 
 
+def test_every_algorithm_built_on_the_sac_agent_loads_as_a_tanh_gaussian_policy():
+    """`datasets make --policy` and the attack critic take a training checkpoint of every algorithm whose agent is
+    offrl.sac.SACAgent (MOPO's, MOBILE's, RAVL's and WSRL's were refused as 'cannot load as a policy')."""
+    import importlib
+    import pkgutil
+
+    import algos
+    from offrl.sac import SACAgent
+
+    built_on_sac = sorted(name for _, name, _ in pkgutil.iter_modules(algos.__path__)
+                          if issubclass(getattr(importlib.import_module(f"algos.{name}"), "Agent", object), SACAgent))
+    assert built_on_sac == ["mobile", "mopo", "ravl", "sac", "wsrl"]
+    assert {name: policies.RUN_CHECKPOINT_KINDS.get(name) for name in built_on_sac} == dict.fromkeys(built_on_sac, "tanh_gaussian")
+
+
 @pytest.mark.parametrize("algo, options, kind", [
     ("iql", ["--actor-dropout", "0.1"], "gaussian"),
     ("iql", ["--actor", "deterministic", "--actor-dropout", "0.1"], "deterministic"),
-    ("cql", ["--actor-layer-norm", "--n-actions", "2"], "tanh_gaussian")])
-def test_training_checkpoints_of_actors_with_dropout_or_layer_norm_load_as_policies(tiny, tmp_path, algo, options, kind):
+    ("cql", ["--actor-layer-norm", "--n-actions", "2"], "tanh_gaussian"),
+    ("mopo", [*tiny_model(max_epochs=1), "--rollout-every", "10", "--rollout-batch", "50"], "tanh_gaussian")])
+def test_training_checkpoints_of_actors_with_dropout_or_layer_norm_load_as_policies(tiny, tmp_path, monkeypatch, algo,
+                                                                                   options, kind):
     """IQL's --actor-dropout shifts its layers' names and CQL's --actor-layer-norm adds weights: the actor was rebuilt
-    without them and refused ('does not fit this config'), for `datasets make --policy` and the attack critic too."""
+    without them and refused ('does not fit this config'), for `datasets make --policy` and the attack critic too.
+    A model-based run's checkpoint (its dynamics model and buffers beside the agent) loads its actor too."""
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
     run_cli(PYTHON, "-m", f"algos.{algo}", "--dataset", tiny, "--steps", "20", "--eval.every", "0", "--eval.episodes", "2",
             "--log.wandb", "disabled", "--hidden", "16", "16", "--run.out-dir", str(tmp_path), *options)
     (checkpoint,) = tmp_path.glob(f"{algo}/*/*/checkpoints/last.pt")
     policy = policies.load_policy(checkpoint)
     assert policy.kind == kind and policy.act(np.zeros((3, 4))).shape == (3, 1)
+    # the run's own agent, rebuilt as `offrl eval` rebuilds it, acts alike
+    from offrl.eval_run import load_saved_run
+
+    _, _, agent, *_ = load_saved_run(checkpoint, device="cpu")
+    agent.actor.eval()  # as evaluation runs it: no dropout
+    obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    np.testing.assert_allclose(policy.act(obs), agent.act(torch.as_tensor(obs)).numpy(), rtol=1e-6, atol=1e-7)
     saved = policies.save_actor(tmp_path / "a.pt", policy.actor, env_id="X-v0", step=20, hidden=(16, 16))
     again = policies.load_policy(saved)
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
