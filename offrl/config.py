@@ -68,7 +68,8 @@ class DataConfig:
     corruption_seed: Optional[int] = None
     """Seed that picks the corrupted rows and the noise (default: the run's seed)."""
     attack_critic: Optional[str] = None
-    """Adversarial corruption: an offrl training checkpoint (iql, cql, td3_bc, sac) trained on the clean data."""
+    """Adversarial corruption: an offrl training checkpoint (iql, riql, cql, td3_bc, sac, mopo, mobile, ravl, wsrl)
+    trained on the clean data."""
     attack_device: str = "cpu"
     """Where the adversarial attack's critic runs: 'cpu', 'cuda', 'cuda:1', 'auto' (cuda when available). The
     attack is float work, so another device can give other bytes: the run records the corrupted data's checksum

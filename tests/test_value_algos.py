@@ -12,7 +12,7 @@ from offrl.data import load_dataset
 from offrl.data.dataset import Dataset
 from offrl.data.corruption import AttackCritic, corrupt
 
-from conftest import PYTHON, assert_compiled_critics_train_as_eager, run_cli
+from conftest import PYTHON, assert_compiled_critics_train_as_eager, run_cli, tiny_model
 
 FAST = ["--eval.episodes", "2", "--log.every", "50", "--log.wandb", "disabled", "--hidden", "32", "32"]
 
@@ -76,6 +76,38 @@ def test_adversarial_corruption_lowers_the_critics_q(tiny, tmp_path):
         assert (np.abs(getattr(dirty, field)[rows] - getattr(clean, field)[rows]) <= std + 1e-4).all()
     dirty, info = corrupt(clean, "rewards", "adversarial", rate=0.1, scale=0.5, seed=0)
     np.testing.assert_allclose(dirty.rewards[info.rows], -0.5 * clean.rewards[info.rows])
+
+
+def test_the_attack_critic_takes_every_policy_checkpoint_with_a_critic():
+    from offrl.policies import RUN_CHECKPOINT_KINDS
+
+    assert sorted(AttackCritic.KINDS) == sorted(set(RUN_CHECKPOINT_KINDS) - {"bc"})  # BC has no critic
+
+
+@pytest.mark.parametrize("algo, options", [
+    ("riql", []),
+    ("cql", ["--shared-critic-output", "--n-actions", "2"]),
+    ("ravl", [*tiny_model(max_epochs=1), "--rollout-every", "10", "--rollout-batch", "50"])])
+def test_attack_critics_of_other_algorithms_are_their_runs_critics(tiny, tmp_path, monkeypatch, algo, options):
+    """RIQL's K critics with its state normalizer, CQL's critics sharing one output layer (refused before as 'needs
+    a scalar Q'), RAVL's 10-critic EDAC ensemble (a model-based checkpoint): the attack reads Q as the run's own
+    agent computes it."""
+    from offrl.eval_run import load_saved_run
+
+    monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
+    run_cli(PYTHON, "-m", f"algos.{algo}", "--dataset", tiny, "--steps", "20", "--eval.every", "0", *FAST,
+            "--run.out-dir", str(tmp_path), *options)
+    (checkpoint,) = tmp_path.glob(f"{algo}/*/*/checkpoints/last.pt")
+    attacker = AttackCritic(str(checkpoint))
+    _, cfg, agent, *_ = load_saved_run(checkpoint, device="cpu")
+    data = load_dataset(tiny)
+    obs, actions = torch.as_tensor(data.observations[:7]), torch.as_tensor(data.actions[:7])
+    normalize = getattr(agent, "normalizer", None) or (lambda x: x)
+    with torch.no_grad():
+        expected = agent.critic(normalize(obs), actions)
+    assert attacker.q(obs, actions).shape == (cfg.num_critics if algo != "cql" else 2, 7)
+    torch.testing.assert_close(attacker.q(obs, actions), expected.reshape(attacker.q(obs, actions).shape))
+    assert attacker.q_of_policy(obs).shape == attacker.q(obs, actions).shape
 
 
 def test_adversarial_attack_follows_riql_attack_py():

@@ -16,11 +16,11 @@ adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d
              next_observations: the same, minimizing Q(s', pi(s')) with the checkpoint's deterministic
              action (RIQL's own next-observation attack fails at its HEAD: its actor returns a tuple);
              rewards: r <- -range * r.
-             The critic comes from an offrl training checkpoint (iql, cql, td3_bc, sac, with its state
-             normalization), trained on the clean data by this project; it runs on the CPU unless
-             --data.attack-device says otherwise.
+             The critic comes from an offrl training checkpoint (iql, riql, cql, td3_bc, sac, mopo, mobile,
+             ravl, wsrl, with its state normalization), trained on the clean data by this project; it runs on
+             the CPU unless --data.attack-device says otherwise.
 Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
-checkpoint is accepted here; rows are attacked in chunks of 50k instead of 10 chunks (each row's
+checkpoint is accepted here (RAVL's is EDAC's 10-critic agent, trained on model rollouts as well); rows are attacked in chunks of 50k instead of 10 chunks (each row's
 steps depend only on its own gradient; the step's 1e-8 sits beside a gradient scaled by the chunk's
 size, so rows with a near-zero gradient can step differently); and the corruption is drawn per seed,
 where RIQL caches one adversarial dataset per env and reuses it for every seed.
@@ -104,7 +104,9 @@ def corrupt(dataset: Dataset, field: str, mode: str = "random", rate: float = 0.
 class AttackCritic:
     """The critics Q_i(s, a) and the actor pi(s) of an offrl training checkpoint, in raw (unnormalized) state space."""
 
-    KINDS = ("iql", "cql", "td3_bc", "sac")
+    # every algorithm whose checkpoint loads as a policy (offrl.policies.RUN_CHECKPOINT_KINDS) and has a Q critic
+    # ensemble ('critic'): BC has none
+    KINDS = ("iql", "riql", "cql", "td3_bc", "sac", "mopo", "mobile", "ravl", "wsrl")
 
     def __init__(self, path: str, device: torch.device | str = "cpu"):
         from offrl import checkpoint as ckpt
@@ -119,12 +121,17 @@ class AttackCritic:
         agent = state["objects"]["agent"]
         critic_state = agent["critic"]
         weights = [v for k, v in critic_state.items() if k.endswith("weight") and v.dim() == 3]
-        if weights[-1].shape[-1] != 1:
+        # CQL's and WSRL's --shared-critic-output: one output layer for all members, [out, in] (else [E, in, out])
+        shared_output = bool(config.get("shared_critic_output", False))
+        outputs = [v.shape[0] for k, v in critic_state.items() if k.endswith("weight") and v.dim() == 2] \
+            if shared_output else [weights[-1].shape[-1]]
+        if outputs[-1:] != [1]:
             raise OffrlError(f"attack critic {path}: needs a scalar Q (HL-Gauss critics are not supported)")
         ensemble, in_dim = weights[0].shape[0], weights[0].shape[1]
         layer_norm = any("net.1.weight" in k and v.dim() == 3 and v.shape[1] == 1 for k, v in critic_state.items())
         act_dim = agent["actor"]["action_scale"].numel()
-        self.critic = EnsembleCritic(in_dim - act_dim, act_dim, ensemble, tuple(config["hidden"]), layer_norm=layer_norm)
+        self.critic = EnsembleCritic(in_dim - act_dim, act_dim, ensemble, tuple(config["hidden"]), layer_norm=layer_norm,
+                                     shared_output=shared_output)
         self.critic.load_state_dict(critic_state)
         self.critic.to(device).eval().requires_grad_(False)
         normalizer = agent.get("normalizer")
