@@ -88,6 +88,7 @@ from offrl import checkpoint as ckpt
 from offrl.compiling import compile_module
 from offrl.config import EvalConfig, TrainConfig
 from offrl.data import Batch, ReplayBuffer, Spaces, TrainingData, load_for_training
+from offrl.data.preprocess import refuse_weighted_sampling
 from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import checkpoint_of
 from offrl.evaluation import make_env
@@ -314,6 +315,11 @@ def check_config(cfg: Config) -> None:
         raise OffrlError(f"--warmup-steps {cfg.warmup_steps}: must be >= 0")
     if cfg.data.normalize_states:
         raise OffrlError("--data.normalize-states: wsrl fine-tunes on raw states (as the reference)")
+    if slice_sizes(cfg)[1] == 0:  # --offline-ratio 0: no dataset row is read, so options on the rows would do nothing
+        refuse_weighted_sampling(cfg.data, "wsrl", "online rows only (--offline-ratio 0)")
+        if cfg.data.corrupt is not None:
+            raise OffrlError(f"--data.corrupt {cfg.data.corrupt}: wsrl reads no dataset rows at --offline-ratio 0 "
+                             "(online rows only): drop it, or mix the corrupted data in with --offline-ratio")
 
 
 def train(cfg: Config) -> dict:

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
                            description="Make a suite dataset by id, all of them (--all), or your own from a policy "
                                        "file (--env --policy --steps --id). Policy files: offrl-actor-v1 files "
                                        "(SAC snapshots, offrl.policies.save_actor) and offrl training checkpoints "
-                                       "(runs/<algo>/.../checkpoints/last.pt of sac, cql, td3_bc, bc, iql, riql).")
+                                       "(runs/<algo>/.../checkpoints/last.pt of sac, cql, td3_bc, bc, iql, riql, mopo, "
+                                       "mobile, ravl, wsrl).")
     make.add_argument("dataset_id", nargs="?", help="e.g. offrl/tiny-v0 or offrl/hopper/medium-v0")
     make.add_argument("--all", action="store_true", help="make every dataset the project defines that is not on disk "
                       "yet: the tiny one, the point-maze one (with gymnasium-robotics) and the MuJoCo suite")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     evaluate.add_argument("--episodes", type=int, help="evaluation episodes (default: the run's eval.episodes)")
     evaluate.add_argument("--seed", type=int, help="first episode's reset seed (default: the run's seed + eval.seed_offset)")
     evaluate.add_argument("--targets", type=float, nargs="+",
-                          help="conditioning returns for dt and rcsl (default: the run's own targets)")
+                          help="conditioning returns for dt, rcsl and mbrcsl (default: the run's own targets)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
     evaluate.add_argument("--threads", type=int, help="torch CPU threads (default: the run's run.threads)")
     evaluate.add_argument("--out", help="also write the results to this JSON file")

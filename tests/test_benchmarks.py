@@ -657,6 +657,16 @@ def test_aggregate_coverage_names_each_variant_by_the_shorter_of_what_it_has_and
     assert table.coverage(aggregates[2:]) == "c: all 4; d: 2, d1, d3"  # all of what the variants cover
 
 
+def test_speed_benchmark_refuses_an_algorithm_without_one_update_or_an_unknown_one(capsys):
+    from benchmarks import speed
+
+    for algo, message in (("mbrcsl", "its run trains a behaviour policy"),
+                          ("td3bc", "unknown (known: bc td3_bc")):
+        with pytest.raises(SystemExit):
+            speed.main(["--algos", "bc", algo])
+        assert f"--algos {algo}: {message}" in capsys.readouterr().err
+
+
 def test_speed_benchmark_times_an_algorithm_with_the_options_given():
     """--run-args without --end-to-end sets the timed algorithm's options (WSRL's pre-training ensemble here);
     a world-model step takes none."""

@@ -425,6 +425,12 @@ def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tm
         wsrl.train(config(tmp_path, pretrained, offline_ratio=0.1))
     with pytest.raises(OffrlError, match="raw states"):
         wsrl.train(config(tmp_path, pretrained, data=DataConfig(normalize_states=True)))
+    # --offline-ratio 0 reads no dataset row: options on the rows would be recorded as applied and do nothing
+    with pytest.raises(OffrlError, match=r"online rows only \(--offline-ratio 0\).*--data.sampling return-weighted"):
+        wsrl.train(config(tmp_path / "weighted", pretrained, data=DataConfig(sampling="return-weighted")))
+    with pytest.raises(OffrlError, match="--data.corrupt rewards: wsrl reads no dataset rows at --offline-ratio 0"):
+        wsrl.train(config(tmp_path / "corrupt", pretrained, data=DataConfig(corrupt="rewards")))
+    assert not (tmp_path / "weighted").exists() and not (tmp_path / "corrupt").exists()
     with pytest.raises(CheckpointError, match="its actor does not fit"):  # refused before a run folder is made
         wsrl.train(config(tmp_path / "unfit", pretrained, hidden=(16, 16)))
     assert not (tmp_path / "unfit").exists()
