@@ -155,6 +155,24 @@ def test_mobile_and_mopo_per_dataset_settings():
     assert dataset_setting("mujoco/hopper/simple-v0", SETTINGS, DEFAULT_SETTING) == DEFAULT_SETTING
 
 
+@pytest.mark.parametrize("algo", ["mopo", "mobile", "ravl", "mbrcsl"])
+def test_model_based_algorithms_refuse_preprocessed_data_before_a_run_folder_or_a_model(tiny, tmp_path, model_cache, algo):
+    """Their dynamics model learns the raw data: normalized states or scaled rewards are refused up front, before
+    a run folder is made or a model trained (hours on a CPU)."""
+    import importlib
+
+    from offrl.config import DataConfig
+    from offrl.errors import OffrlError
+
+    module = importlib.import_module(f"algos.{algo}")
+    for data in (DataConfig(normalize_states=True), DataConfig(reward_scale=2.0)):
+        cfg = module.Config(dataset=tiny, data=data)
+        cfg.run.out_dir = str(tmp_path / "runs")
+        with pytest.raises(OffrlError, match=f"{algo} learns a dynamics model of the raw data"):
+            module.train(cfg)
+    assert not (tmp_path / "runs").exists() and not model_cache.exists()
+
+
 def test_mobile_smoke(tiny, tmp_path, model_cache):
     result = run_cli(PYTHON, "-m", "algos.mobile", "--steps", "150", "--eval.every", "100", "--num-samples", "3", *FAST,
                      "--run.out-dir", str(tmp_path))
