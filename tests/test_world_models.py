@@ -346,6 +346,27 @@ def test_model_is_cached_and_reused_and_a_stopped_training_continues(tiny, tmp_p
     assert "file_unread" in replaced and "training" not in replaced and "sha256" not in replaced
 
 
+def test_data_changed_after_loading_gets_its_own_cached_model(tiny, tmp_path):
+    """Corrupted or clipped data keep the file's checksum in their metadata; the model cache is keyed on the rows
+    as given, so a run on them neither reuses a model of the clean data nor leaves its model for clean runs.
+    Data as loaded keep the key they had (models cached before stay found)."""
+    from offrl.data import load_dataset
+    from offrl.data.corruption import corrupt
+    from world_models.train import cache_folder, cache_key, load_or_train
+
+    clean = load_dataset(tiny)
+    dirty, _ = corrupt(clean, "next_observations", "random", rate=0.3, scale=1.0, seed=0)
+    assert dirty.metadata["checksum"] == clean.metadata["checksum"]  # the file's
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16,), weight_decay=(0.0, 0.0), max_epochs=1)
+    assert cache_folder(clean, cfg, 0, tmp_path) == tmp_path / cache_key(clean.metadata["checksum"], cfg, 0)
+    assert cache_folder(dirty, cfg, 0, tmp_path) == tmp_path / cache_key(dirty.checksum(), cfg, 0) != \
+        cache_folder(clean, cfg, 0, tmp_path)
+    _, clean_file = load_or_train(clean, cfg, 0, cache_dir=tmp_path, progress=False)
+    _, dirty_file = load_or_train(dirty, cfg, 0, cache_dir=tmp_path, progress=False)
+    assert dirty_file != clean_file and sorted(p.parent for p in tmp_path.glob("*/model.pt")) == sorted(
+        [clean_file.parent, dirty_file.parent])
+
+
 def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):
     """--status: 'not begun', 'stopped' / 'training now' (the entry's lock held) at the epochs checkpointed in
     training.pt, 'trained' with its epochs; it makes no cache entry, trains nothing and waits for no lock."""

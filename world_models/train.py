@@ -153,9 +153,13 @@ def model_rows(dataset: Dataset) -> np.ndarray | slice:
     return slice(None)
 
 
-def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: str | Path | None = None) -> Path:
-    """Where the model of this dataset, config and seed is cached: <cache>/<checksum>[-rows left out]-<config hash>."""
-    checksum = dataset.metadata.get("checksum") or dataset.checksum()
+def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: str | Path | None = None,
+                 checksum: str | None = None) -> Path:
+    """Where the model of this dataset, config and seed is cached: <cache>/<checksum>[-rows left out]-<config hash>.
+    The checksum is of `dataset` as given (`checksum`, when the caller has it): data corrupted or clipped after
+    loading (--data.corrupt, --data.clip-actions) gets its own entry, though its metadata keep the file's checksum;
+    for data as loaded the two agree, so models cached before keep their entries."""
+    checksum = checksum or dataset.checksum()
     # a model trained without some rows gets its own cache entry, apart from any trained on them
     left_out = {NEXT_ROW: "nonterminal", UNKNOWN_AT_EPISODE_ENDS: "without-episode-ends"}
     rows = model_rows(dataset)
@@ -201,8 +205,8 @@ def load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, device: 
     device = torch.device(device)
     if model_path is not None:
         return load_model(model_path, device, dataset.obs_dim, dataset.act_dim), Path(model_path)
-    checksum = dataset.metadata.get("checksum") or dataset.checksum()
-    folder = cache_folder(dataset, cfg, seed, cache_dir)
+    checksum = dataset.checksum()  # of the rows as given, not the file's (metadata) one: see cache_folder
+    folder = cache_folder(dataset, cfg, seed, cache_dir, checksum)
     # One process trains a cache entry (e.g. the seeds of a MOPO sweep started together); the others
     # wait for it and reuse its model instead of training the same one again.
     with ckpt.exclusive(folder / "lock", f"dynamics model: waiting for another process training {folder}",
