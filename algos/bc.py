@@ -29,7 +29,7 @@ from offrl.checkpoint import Stateful
 from offrl.compiling import compiled
 from offrl.config import DataConfig, TrainConfig
 from offrl.data import Batch, TrainingData, load_for_training
-from offrl.data.preprocess import top_trajectories
+from offrl.data.preprocess import refuse_unread_corruption, top_trajectories
 from offrl.graphs import GraphedStep
 from offrl.multiseed import SeedAgents
 from offrl.nets import DeterministicActor
@@ -97,7 +97,14 @@ def kept(data: TrainingData) -> dict:
     return {"train/kept_episodes": data.dataset.num_episodes, "train/kept_transitions": len(data.dataset)}
 
 
+def check_data(cfg: Config) -> None:
+    """BC reads states and actions, and returns only to rank episodes for --frac < 1."""
+    refuse_unread_corruption(cfg.data, "bc" if cfg.frac >= 1.0 else f"bc with --frac {cfg.frac}",
+                             {"observations", "actions"} | ({"rewards"} if cfg.frac < 1.0 else set()))
+
+
 def train(cfg: Config) -> dict:
+    check_data(cfg)
     data = load_for_training(cfg.dataset, cfg.data, select=selection(cfg), seed=cfg.seed)
     run = Run("bc", cfg, data)
     buffer = data.buffer(run.device, seed=cfg.seed, reads_next_observations=False)
@@ -143,6 +150,7 @@ def train_seeds(cfg: Config) -> list[dict]:
     """`--seeds 0 1 2`: the seeds as one batched model in one process (offrl/multiseed.py), one run folder each."""
     from offrl import multiseed
 
+    check_data(cfg)
     return multiseed.train("bc", BCSeeds, cfg, select=selection(cfg), extras=kept)
 
 

@@ -48,7 +48,7 @@ from offrl.checkpoint import Stateful
 from offrl.compiling import compiled
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import TrainingData, load_for_training
-from offrl.data.preprocess import refuse_reward_transform, refuse_weighted_sampling
+from offrl.data.preprocess import refuse_reward_transform, refuse_unread_corruption, refuse_weighted_sampling
 from offrl.data.sequences import Segments, SequenceBuffer
 from offrl.errors import OffrlError
 from offrl.eval_run import target_policies
@@ -362,6 +362,7 @@ def train(cfg: Config) -> dict:
     check_config(cfg)
     refuse_reward_transform(cfg.data, "dt")
     refuse_weighted_sampling(cfg.data, "dt", "segments from uniformly drawn start rows")
+    refuse_unread_corruption(cfg.data, "dt", {"observations", "actions", "rewards"})
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("dt", cfg, data)
     target = expert_target(cfg, data.metadata)

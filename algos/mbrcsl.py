@@ -358,6 +358,7 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 def train(cfg: Config) -> dict:
     rcsl.check_patience(cfg.rcsl.patience, "--rcsl.patience")
     refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
+    rcsl.warn_eval_every(cfg.eval.every, "mbrcsl")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mbrcsl", cfg.model)
     behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps

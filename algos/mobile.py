@@ -42,7 +42,7 @@ from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
 from world_models.ensemble import DynamicsEnsemble
-from world_models.rollout import ModelData, model_summary, bellman_penalty, benchmark_model_data, real_rows
+from world_models.rollout import ModelData, model_summary, bellman_penalty, benchmark_model_data, check_mixing, real_rows
 
 # (h, beta, tune alpha, real ratio, dynamics max epochs) per (env, level): the official configs (docs/FACTS.md section 10).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5, True, None, None), ("hopper", "medium"): (5, 1.5, False, None, None),
@@ -161,6 +161,7 @@ def train(cfg: Config) -> dict:
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
     tune_alpha = cfg.tune_alpha if cfg.tune_alpha is not None else tune_alpha
     real_ratio = cfg.real_ratio if cfg.real_ratio is not None else (real_ratio or 0.05)
+    check_mixing(cfg.data, cfg.batch_size, real_ratio, "mobile")
     run = Run("mobile", resolve_config(cfg), data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)

@@ -44,7 +44,7 @@ from offrl.data import TrainingData, load_for_training
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig, dataset_setting
-from world_models.rollout import ModelData, model_summary, aleatoric_penalty, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, aleatoric_penalty, benchmark_model_data, check_mixing
 
 # (rollout length h, penalty lambda) per (env, level): OfflineRL-Kit's suggestions for D4RL v2 (docs/FACTS.md section 9).
 SETTINGS = {("halfcheetah", "medium"): (5, 0.5), ("hopper", "medium"): (5, 5.0), ("walker2d", "medium"): (5, 0.5),
@@ -85,6 +85,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "mopo", cfg.model)
+    check_mixing(cfg.data, cfg.batch_size, cfg.real_ratio, "mopo")
     horizon, penalty_coef = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef

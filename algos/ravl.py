@@ -45,7 +45,7 @@ from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, soft
 from offrl.run import Run, cli_main
 from offrl.sac import SACAgent
 from world_models.config import ModelBasedConfig
-from world_models.rollout import ModelData, model_summary, benchmark_model_data
+from world_models.rollout import ModelData, model_summary, benchmark_model_data, check_mixing
 
 
 @dataclass
@@ -146,6 +146,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 def train(cfg: Config) -> dict:
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     ModelData.check_raw(data, "ravl", cfg.model)
+    check_mixing(cfg.data, cfg.batch_size, cfg.real_ratio, "ravl")
     horizon = cfg.rollout_length or 5
     run = Run("ravl", cfg, data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run)

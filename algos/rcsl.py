@@ -53,7 +53,7 @@ from torch import nn
 from offrl import checkpoint as ckpt
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
-from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_weighted_sampling
+from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_unread_corruption, refuse_weighted_sampling
 from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import target_policies
@@ -172,6 +172,16 @@ def check_patience(patience: int, option: str = "--patience") -> None:
     the first hold-out check, with an untrained network."""
     if patience < 1:
         raise OffrlError(f"{option} {patience}: must be at least 1 (hold-out checks without improvement)")
+
+
+def warn_eval_every(every: int, algo: str) -> None:
+    """RCSL and MBRCSL evaluate once, at the end: a sweep's shared --eval.every (e.g. benchmarks/grid.sh's fast
+    class) is recorded in their config.json but not used, which the run's log says."""
+    if every:
+        import sys
+
+        print(f"warning: {algo} evaluates once, at the end (the policy of its best hold-out loss): --eval.every "
+              f"{every} is not used", file=sys.stderr)
 
 
 class RCSL:
@@ -327,6 +337,8 @@ def train(cfg: Config) -> dict:
     check_patience(cfg.patience)
     refuse_reward_transform(cfg.data, "rcsl")
     refuse_weighted_sampling(cfg.data, "rcsl", "uniformly drawn rows of its training split")
+    refuse_unread_corruption(cfg.data, "rcsl", {"observations", "actions", "rewards"})
+    warn_eval_every(cfg.eval.every, "rcsl")
     data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
     run = Run("rcsl", cfg, data)
     agent = RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(run.device), data.action_low,

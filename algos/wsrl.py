@@ -320,6 +320,9 @@ def check_config(cfg: Config) -> None:
         if cfg.data.corrupt is not None:
             raise OffrlError(f"--data.corrupt {cfg.data.corrupt}: wsrl reads no dataset rows at --offline-ratio 0 "
                              "(online rows only): drop it, or mix the corrupted data in with --offline-ratio")
+        if cfg.data.clip_actions:
+            raise OffrlError("--data.clip-actions: wsrl reads no dataset rows at --offline-ratio 0 and does not clip "
+                             "its online actions: drop it")
 
 
 def train(cfg: Config) -> dict:

@@ -489,3 +489,33 @@ def test_buffer_rows_from_host_arrays_equal_rows_from_tensors():
     from_host.add(*fields)
     from_tensors.add(*(torch.as_tensor(x).to(torch.float32) for x in fields))
     assert torch.equal(from_host.storage, from_tensors.storage) and len(from_host) == 7
+
+
+def test_corruption_comes_before_the_episode_selection_and_a_field_never_read_is_refused(tiny, tmp_path):
+    """%BC ranks episodes by the (corrupted) returns it is given, and sees the corrupted rows every other algorithm
+    on that dataset and corruption seed sees; corrupting a field an algorithm never reads is refused up front."""
+    import algos.bc as bc
+    import algos.dt as dt
+    import algos.rcsl as rcsl
+    from offrl.config import DataConfig
+    from offrl.data import load_dataset, load_for_training
+    from offrl.errors import OffrlError
+
+    given = []
+    data = load_for_training(tiny, DataConfig(corrupt="rewards", corruption_rate=0.5), seed=0,
+                             select=lambda d: given.append(d) or d)
+    assert not np.array_equal(given[0].rewards, load_dataset(tiny).rewards)
+    np.testing.assert_array_equal(given[0].rewards, data.dataset.rewards)
+    np.testing.assert_array_equal(data.corruption.rows, load_for_training(
+        tiny, DataConfig(corrupt="rewards", corruption_rate=0.5), seed=0).corruption.rows)  # as without --frac
+    bc.check_data(bc.Config(dataset=tiny, frac=0.1, data=DataConfig(corrupt="rewards")))  # %BC reads returns
+    for module, options, field in ((bc, {}, "rewards"), (bc, {"frac": 0.1}, "next_observations"),
+                                   (dt, {}, "next_observations"), (rcsl, {}, "next_observations")):
+        cfg = module.Config(dataset=tiny, data=DataConfig(corrupt=field), **options)
+        cfg.run.out_dir = str(tmp_path / "runs")
+        with pytest.raises(OffrlError, match=f"--data.corrupt {field}: .* never reads {field}"):
+            module.train(cfg)
+    # the state statistics read s' with --data.normalize-states --data.state-stats-with-next
+    bc.check_data(bc.Config(dataset=tiny, data=DataConfig(corrupt="next_observations", normalize_states=True,
+                                                          state_stats_with_next=True)))
+    assert not (tmp_path / "runs").exists()

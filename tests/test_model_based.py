@@ -173,6 +173,26 @@ def test_model_based_algorithms_refuse_preprocessed_data_before_a_run_folder_or_
     assert not (tmp_path / "runs").exists() and not model_cache.exists()
 
 
+@pytest.mark.parametrize("algo", ["mopo", "mobile", "ravl"])
+def test_a_real_ratio_outside_zero_to_one_or_weighted_sampling_of_no_dataset_row_is_refused(tiny, tmp_path, model_cache,
+                                                                                           algo):
+    import importlib
+
+    from offrl.config import DataConfig
+    from offrl.errors import OffrlError
+
+    module = importlib.import_module(f"algos.{algo}")
+    cases = [({"real_ratio": 1.5}, r"--real-ratio 1.5: the fraction of dataset rows in a batch, in \[0, 1\]"),
+             ({"real_ratio": 0.0, "data": DataConfig(sampling="return-weighted")},
+              r"model rows only \(--real-ratio 0.0 gives no dataset row in a batch of 256\).*return-weighted")]
+    for options, message in cases:
+        cfg = module.Config(dataset=tiny, **options)
+        cfg.run.out_dir = str(tmp_path / "runs")
+        with pytest.raises(OffrlError, match=message):
+            module.train(cfg)
+    assert not (tmp_path / "runs").exists() and not model_cache.exists()
+
+
 def test_mobile_smoke(tiny, tmp_path, model_cache):
     result = run_cli(PYTHON, "-m", "algos.mobile", "--steps", "150", "--eval.every", "100", "--num-samples", "3", *FAST,
                      "--run.out-dir", str(tmp_path))

@@ -499,8 +499,10 @@ def test_rcsl_killed_after_its_early_stop_resumes_to_the_same_stop(tiny, tmp_pat
     """Early stopping writes a checkpoint, then the final evaluation and final.json follow; a process killed in
     between is resumed to the same stop (the same step, best hold-out loss and weights), not trained past it."""
     args = ["--steps", "3000", "--hidden", "32", "--holdout-every", "20", "--patience", "1", "--eval.episodes", "2",
-            "--eval.every", "0", "--log.wandb", "disabled", "--run.out-dir", str(tmp_path)]
-    run_cli(PYTHON, "-m", "algos.rcsl", *args)
+            "--eval.every", "20", "--log.wandb", "disabled", "--run.out-dir", str(tmp_path)]
+    # --eval.every is not used (one evaluation, at the end), and the log says so
+    assert "warning: rcsl evaluates once, at the end (the policy of its best hold-out loss): --eval.every 20 is not " \
+        "used" in run_cli(PYTHON, "-m", "algos.rcsl", *args).stderr
     (run_dir,) = [p for p in tmp_path.glob("rcsl/*/*") if p.is_dir()]
     first = json.loads((run_dir / "final.json").read_text())
     assert first["stopped_at_step"] < 3000  # it did stop early

@@ -430,6 +430,8 @@ def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tm
         wsrl.train(config(tmp_path / "weighted", pretrained, data=DataConfig(sampling="return-weighted")))
     with pytest.raises(OffrlError, match="--data.corrupt rewards: wsrl reads no dataset rows at --offline-ratio 0"):
         wsrl.train(config(tmp_path / "corrupt", pretrained, data=DataConfig(corrupt="rewards")))
+    with pytest.raises(OffrlError, match="--data.clip-actions: wsrl reads no dataset rows at --offline-ratio 0"):
+        wsrl.train(config(tmp_path / "corrupt", pretrained, data=DataConfig(clip_actions=True)))
     assert not (tmp_path / "weighted").exists() and not (tmp_path / "corrupt").exists()
     with pytest.raises(CheckpointError, match="its actor does not fit"):  # refused before a run folder is made
         wsrl.train(config(tmp_path / "unfit", pretrained, hidden=(16, 16)))

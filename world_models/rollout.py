@@ -129,6 +129,19 @@ def real_rows(batch_size: int, real_ratio: float) -> int:
     return int(batch_size * real_ratio)
 
 
+def check_mixing(data_cfg, batch_size: int, real_ratio: float, algo: str) -> None:
+    """--real-ratio in [0, 1], before a run folder is made; a batch with no dataset row never reads the buffer
+    that --data.sampling return-weighted weights, so that option is refused there."""
+    from offrl.data.preprocess import refuse_weighted_sampling
+    from offrl.errors import OffrlError
+
+    if not 0.0 <= real_ratio <= 1.0:
+        raise OffrlError(f"--real-ratio {real_ratio}: the fraction of dataset rows in a batch, in [0, 1]")
+    if real_rows(batch_size, real_ratio) == 0:
+        refuse_weighted_sampling(data_cfg, algo, f"model rows only (--real-ratio {real_ratio} gives no dataset row "
+                                                 f"in a batch of {batch_size})")
+
+
 def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_ratio: float) -> Batch:
     """`real_rows(batch_size, real_ratio)` dataset rows followed by model rows (MOPO, MOBILE, RAVL: 0.05)."""
     n_real = real_rows(batch_size, real_ratio)

@@ -93,8 +93,6 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
         max_episode_steps = env.spec.max_episode_steps if env.spec is not None else None
     finally:
         env.close()
-    if select is not None:
-        dataset = select(dataset)
     corruption = None
     if data_cfg.corrupt is not None:
         from offrl.data.corruption import corrupt
@@ -103,6 +101,8 @@ def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> Trai
         dataset, corruption = corrupt(dataset, data_cfg.corrupt, data_cfg.corruption_mode, data_cfg.corruption_rate,
                                       data_cfg.corruption_range, seed_used, data_cfg.attack_critic,
                                       device=data_cfg.attack_device)
+    if select is not None:  # after the corruption: %BC ranks episodes by the returns it is given, and every
+        dataset = select(dataset)  # algorithm sees the same corrupted rows of a dataset for one corruption seed
     weights = None
     if data_cfg.sampling == "return-weighted":  # from the raw returns: a reward bias would favour long episodes
         weights = preprocess.return_weights(dataset, data_cfg.return_temperature, max_episode_steps)

@@ -128,6 +128,17 @@ def refuse_reward_transform(data_cfg, algo: str) -> None:
                          f"subtracts while acting are the env's): drop {', '.join(flags)}")
 
 
+def refuse_unread_corruption(data_cfg, algo: str, reads: set[str]) -> None:
+    """`--data.corrupt <field>` of a field the algorithm never reads (`reads`, with s' too where the state
+    statistics include it: --data.normalize-states --data.state-stats-with-next) would change nothing it trains on
+    while its run record said the data were corrupted."""
+    if data_cfg.normalize_states and data_cfg.state_stats_with_next:
+        reads = reads | {"next_observations"}
+    if data_cfg.corrupt is not None and data_cfg.corrupt not in reads:
+        raise OffrlError(f"--data.corrupt {data_cfg.corrupt}: {algo} never reads {data_cfg.corrupt} (it reads "
+                         f"{', '.join(sorted(reads))}), so the corruption would change nothing it trains on: drop it")
+
+
 def refuse_weighted_sampling(data_cfg, algo: str, how: str) -> None:
     """`--data.sampling return-weighted` weights the rows of `TrainingData.buffer()`; an algorithm that
     draws its batches another way (`how`) would ignore it while its run record said it was applied."""
