@@ -519,3 +519,24 @@ def test_corruption_comes_before_the_episode_selection_and_a_field_never_read_is
     bc.check_data(bc.Config(dataset=tiny, data=DataConfig(corrupt="next_observations", normalize_states=True,
                                                           state_stats_with_next=True)))
     assert not (tmp_path / "runs").exists()
+
+
+def test_data_options_given_without_the_option_they_act_under_are_refused(tmp_path):
+    """--data.corruption-* / --data.attack-* without --data.corrupt, an attack critic for a corruption that runs
+    none, a return temperature under uniform sampling: refused before anything loads (the run would record them
+    as applied)."""
+    from offrl.config import DataConfig
+    from offrl.data import load_for_training
+    from offrl.errors import OffrlError
+
+    for options, message in (
+            ({"corruption_rate": 0.1, "corruption_mode": "adversarial"},
+             "--data.corruption-mode, --data.corruption-rate without --data.corrupt <field>: nothing would be corrupted"),
+            ({"attack_device": "cuda"}, "--data.attack-device without --data.corrupt"),
+            ({"corrupt": "actions", "attack_critic": "x.pt"},
+             "--data.attack-critic: only the adversarial corruption .* \\(this run: random corruption of actions\\)"),
+            ({"corrupt": "rewards", "corruption_mode": "adversarial", "attack_critic": "x.pt"},
+             "adversarial corruption of rewards"),
+            ({"return_temperature": 0.5}, "--data.return-temperature without --data.sampling return-weighted")):
+        with pytest.raises(OffrlError, match=message):
+            load_for_training(str(tmp_path / "not-even-there.npz"), DataConfig(**options))

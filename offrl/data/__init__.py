@@ -72,10 +72,12 @@ class TrainingData:
 
 def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> TrainingData:
     """Load (making an offrl suite dataset if missing), check it against its evaluation env's
-    spaces, apply `select` (a Dataset -> Dataset filter, e.g. %BC's top trajectories) and then the
-    preprocessing `data_cfg` asks for, so statistics come from the data actually trained on."""
+    spaces, apply the corruption `data_cfg` asks for, then `select` (a Dataset -> Dataset filter, e.g. %BC's top
+    trajectories) and then the preprocessing, so statistics come from the data actually trained on."""
     from offrl.data import preprocess, suite
     from offrl.evaluation import make_env
+
+    preprocess.refuse_options_without_their_switch(data_cfg)
 
     if not (math.isfinite(data_cfg.reward_scale) and math.isfinite(data_cfg.reward_bias)):
         # a NaN scale would show up later as a NaN loss, taken for a divergence

@@ -128,6 +128,33 @@ def refuse_reward_transform(data_cfg, algo: str) -> None:
                          f"subtracts while acting are the env's): drop {', '.join(flags)}")
 
 
+CORRUPTION_OPTIONS = ("corruption_mode", "corruption_rate", "corruption_range", "corruption_seed", "attack_critic",
+                      "attack_device")
+
+
+def refuse_options_without_their_switch(data_cfg) -> None:
+    """Data options that only act under another one, given without it (compared with DataConfig's defaults, which
+    no algorithm changes for these): the run would record them as if applied."""
+    from offrl.config import DataConfig
+
+    default = DataConfig()
+
+    def given(names):
+        return [f"--data.{n.replace('_', '-')}" for n in names if getattr(data_cfg, n) != getattr(default, n)]
+
+    if data_cfg.corrupt is None and given(CORRUPTION_OPTIONS):
+        raise OffrlError(f"{', '.join(given(CORRUPTION_OPTIONS))} without --data.corrupt <field>: nothing would be "
+                         "corrupted; name the field (observations, actions, rewards, next_observations) or drop them")
+    adversarial = data_cfg.corruption_mode == "adversarial" and data_cfg.corrupt != "rewards"
+    if data_cfg.corrupt is not None and not adversarial and given(("attack_critic", "attack_device")):
+        raise OffrlError(f"{', '.join(given(('attack_critic', 'attack_device')))}: only the adversarial corruption of "
+                         "observations, actions or next_observations runs an attack critic (this run: "
+                         f"{data_cfg.corruption_mode} corruption of {data_cfg.corrupt}); drop it")
+    if data_cfg.sampling == "uniform" and given(("return_temperature",)):
+        raise OffrlError("--data.return-temperature without --data.sampling return-weighted: uniform sampling has no "
+                         "temperature; drop it or weight the sampling")
+
+
 def refuse_unread_corruption(data_cfg, algo: str, reads: set[str]) -> None:
     """`--data.corrupt <field>` of a field the algorithm never reads (`reads`, with s' too where the state
     statistics include it: --data.normalize-states --data.state-stats-with-next) would change nothing it trains on
