@@ -290,7 +290,7 @@ class EvalAgent:
 
 
 def eval_setup(cfg: Config, device: torch.device) -> tuple[EvalAgent, dict]:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, check_options=False)
     return EvalAgent(cfg, data, device), data.metadata
 
 

@@ -154,14 +154,14 @@ def resolve_config(cfg: Config) -> Config:
 
 
 def train(cfg: Config) -> dict:
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "mobile", cfg.model)
     horizon, penalty_coef, tune_alpha, real_ratio, _ = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef
     tune_alpha = cfg.tune_alpha if cfg.tune_alpha is not None else tune_alpha
     real_ratio = cfg.real_ratio if cfg.real_ratio is not None else (real_ratio or 0.05)
-    check_mixing(cfg.data, cfg.batch_size, real_ratio, "mobile")
+    check_mixing(cfg.data, cfg.batch_size, real_ratio, "mobile")  # before the data load (an attack can take minutes)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    ModelData.check_raw(data, "mobile", cfg.model)
     run = Run("mobile", resolve_config(cfg), data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)

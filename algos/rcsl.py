@@ -319,7 +319,7 @@ def train_policy(dataset: Dataset, cfg: Config, device: torch.device | str = "cp
 
 def eval_setup(cfg: Config, device: torch.device) -> tuple[RCSL, dict]:
     """For `offrl eval`: the agent as `train` builds it; pins the default target (the data's best return)."""
-    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    data: TrainingData = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, check_options=False)
     if not cfg.eval_targets:
         cfg.eval_targets = (float(data.dataset.episode_returns().max()),)
     return RCSL(cfg, data.dataset, data.preprocessing.state_normalizer(device), data.action_low, data.action_high,

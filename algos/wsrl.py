@@ -317,7 +317,8 @@ def check_config(cfg: Config) -> None:
         raise OffrlError("--data.normalize-states: wsrl fine-tunes on raw states (as the reference)")
     if slice_sizes(cfg)[1] == 0:  # --offline-ratio 0: no dataset row is read, so options on the rows would do nothing
         refuse_weighted_sampling(cfg.data, "wsrl", "online rows only (--offline-ratio 0)")
-        if cfg.data.corrupt is not None:
+        if cfg.data.corrupt is not None and not (cfg.data.corrupt == "rewards" and cfg.data.normalize_reward):
+            # (corrupted rewards still set --data.normalize-reward's scale of the online rewards)
             raise OffrlError(f"--data.corrupt {cfg.data.corrupt}: wsrl reads no dataset rows at --offline-ratio 0 "
                              "(online rows only): drop it, or mix the corrupted data in with --offline-ratio")
         if cfg.data.clip_actions:

@@ -32,7 +32,7 @@ from offrl.evaluation import evaluate
 def load_agent(run_dir: Path):
     """A finished run's agent and config (as `offrl eval` rebuilds it) and its training data."""
     _, cfg, agent, _, _, _ = load_saved_run(run_dir, device="cpu", threads=1)
-    return agent, cfg, load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    return agent, cfg, load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, check_options=False)
 
 
 class NoisyContextActor:

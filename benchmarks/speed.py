@@ -578,6 +578,9 @@ def seconds_in_loop(windows: list[dict], loop: dict) -> float:
 
 def end_to_end(args, argv: list[str]) -> dict:
     algos = args.algos or list(E2E_ALGOS)
+    for algo in algos:
+        if algo not in DEFAULT_ALGOS and algo not in UNTIMED:
+            raise SystemExit(f"error: --algos {algo}: unknown (known: {' '.join(DEFAULT_ALGOS)})")
     report = {"device": args.device, "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
               "dataset": args.dataset, "run_args": args.run_args, "end_to_end_steps": args.end_to_end, "rows": []}
     if args.device != "cpu":

@@ -46,7 +46,7 @@ def checkpoint_of(path: str | Path) -> Path:
 def default_setup(module, cfg, device: torch.device) -> tuple[Any, dict]:
     from offrl.data import load_for_training
 
-    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
+    data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed, check_options=False)
     return module.Agent(cfg, data, device), data.metadata
 
 

@@ -665,6 +665,8 @@ def test_speed_benchmark_refuses_an_algorithm_without_one_update_or_an_unknown_o
         with pytest.raises(SystemExit):
             speed.main(["--algos", "bc", algo])
         assert f"--algos {algo}: {message}" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--algos td3bc: unknown"):  # with --end-to-end too, before any run
+        speed.main(["--end-to-end", "20", "--algos", "td3_bc", "td3bc"])
 
 
 def test_speed_benchmark_times_an_algorithm_with_the_options_given():

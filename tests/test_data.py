@@ -506,9 +506,13 @@ def test_corruption_comes_before_the_episode_selection_and_a_field_never_read_is
                              select=lambda d: given.append(d) or d)
     assert not np.array_equal(given[0].rewards, load_dataset(tiny).rewards)
     np.testing.assert_array_equal(given[0].rewards, data.dataset.rewards)
-    np.testing.assert_array_equal(data.corruption.rows, load_for_training(
-        tiny, DataConfig(corrupt="rewards", corruption_rate=0.5), seed=0).corruption.rows)  # as without --frac
+    top_half = load_for_training(tiny, DataConfig(corrupt="rewards", corruption_rate=0.5), seed=0,
+                                 select=bc.selection(bc.Config(dataset=tiny, frac=0.5)))
+    np.testing.assert_array_equal(top_half.corruption.rows, data.corruption.rows)  # the same rows hit as without --frac
+    assert len(top_half.dataset) < len(data.dataset)
     bc.check_data(bc.Config(dataset=tiny, frac=0.1, data=DataConfig(corrupt="rewards")))  # %BC reads returns
+    # and so do return weights
+    bc.check_data(bc.Config(dataset=tiny, data=DataConfig(corrupt="rewards", sampling="return-weighted")))
     for module, options, field in ((bc, {}, "rewards"), (bc, {"frac": 0.1}, "next_observations"),
                                    (dt, {}, "next_observations"), (rcsl, {}, "next_observations")):
         cfg = module.Config(dataset=tiny, data=DataConfig(corrupt=field), **options)
@@ -521,7 +525,7 @@ def test_corruption_comes_before_the_episode_selection_and_a_field_never_read_is
     assert not (tmp_path / "runs").exists()
 
 
-def test_data_options_given_without_the_option_they_act_under_are_refused(tmp_path):
+def test_data_options_given_without_the_option_they_act_under_are_refused(tiny, tmp_path):
     """--data.corruption-* / --data.attack-* without --data.corrupt, an attack critic for a corruption that runs
     none, a return temperature under uniform sampling: refused before anything loads (the run would record them
     as applied)."""
@@ -540,3 +544,8 @@ def test_data_options_given_without_the_option_they_act_under_are_refused(tmp_pa
             ({"return_temperature": 0.5}, "--data.return-temperature without --data.sampling return-weighted")):
         with pytest.raises(OffrlError, match=message):
             load_for_training(str(tmp_path / "not-even-there.npz"), DataConfig(**options))
+    # a saved run rebuilt for evaluation (offrl eval) loads its data whatever its config holds
+    from offrl.data import load_dataset
+
+    data = load_for_training(tiny, DataConfig(corruption_rate=0.1), check_options=False)
+    assert data.dataset.checksum() == load_dataset(tiny).checksum()

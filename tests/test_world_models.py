@@ -365,6 +365,13 @@ def test_data_changed_after_loading_gets_its_own_cached_model(tiny, tmp_path):
     _, dirty_file = load_or_train(dirty, cfg, 0, cache_dir=tmp_path, progress=False)
     assert dirty_file != clean_file and sorted(p.parent for p in tmp_path.glob("*/model.pt")) == sorted(
         [clean_file.parent, dirty_file.parent])
+    # --data.clip-actions (tiny's actions reach the box's edges, which clipping moves in by 1e-5)
+    from offrl.config import DataConfig
+    from offrl.data import load_for_training
+
+    clipped = load_for_training(tiny, DataConfig(clip_actions=True)).dataset
+    assert clipped.metadata["checksum"] == clean.metadata["checksum"]
+    assert cache_folder(clipped, cfg, 0, tmp_path) not in (clean_file.parent, dirty_file.parent)
 
 
 def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):

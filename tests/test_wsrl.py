@@ -433,6 +433,8 @@ def test_clear_errors_for_checkpoints_and_options_that_do_not_fit(pretrained, tm
     with pytest.raises(OffrlError, match="--data.clip-actions: wsrl reads no dataset rows at --offline-ratio 0"):
         wsrl.train(config(tmp_path / "corrupt", pretrained, data=DataConfig(clip_actions=True)))
     assert not (tmp_path / "weighted").exists() and not (tmp_path / "corrupt").exists()
+    # corrupted rewards still set --data.normalize-reward's scale of the online rewards: accepted there
+    wsrl.check_config(config(tmp_path, pretrained, data=DataConfig(corrupt="rewards", normalize_reward=True)))
     with pytest.raises(CheckpointError, match="its actor does not fit"):  # refused before a run folder is made
         wsrl.train(config(tmp_path / "unfit", pretrained, hidden=(16, 16)))
     assert not (tmp_path / "unfit").exists()

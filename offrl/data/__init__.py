@@ -70,14 +70,17 @@ class TrainingData:
         return buffer
 
 
-def load_for_training(source: str, data_cfg, select=None, seed: int = 0) -> TrainingData:
+def load_for_training(source: str, data_cfg, select=None, seed: int = 0, check_options: bool = True) -> TrainingData:
     """Load (making an offrl suite dataset if missing), check it against its evaluation env's
     spaces, apply the corruption `data_cfg` asks for, then `select` (a Dataset -> Dataset filter, e.g. %BC's top
-    trajectories) and then the preprocessing, so statistics come from the data actually trained on."""
+    trajectories) and then the preprocessing, so statistics come from the data actually trained on.
+    `check_options`: refuse data options given without the option they act under (a new or resumed run); a
+    saved run rebuilt for evaluation passes False, as its config cannot be changed."""
     from offrl.data import preprocess, suite
     from offrl.evaluation import make_env
 
-    preprocess.refuse_options_without_their_switch(data_cfg)
+    if check_options:
+        preprocess.refuse_options_without_their_switch(data_cfg)
 
     if not (math.isfinite(data_cfg.reward_scale) and math.isfinite(data_cfg.reward_bias)):
         # a NaN scale would show up later as a NaN loss, taken for a divergence

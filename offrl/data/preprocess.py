@@ -157,10 +157,12 @@ def refuse_options_without_their_switch(data_cfg) -> None:
 
 def refuse_unread_corruption(data_cfg, algo: str, reads: set[str]) -> None:
     """`--data.corrupt <field>` of a field the algorithm never reads (`reads`, with s' too where the state
-    statistics include it: --data.normalize-states --data.state-stats-with-next) would change nothing it trains on
-    while its run record said the data were corrupted."""
+    statistics include it: --data.normalize-states --data.state-stats-with-next, and rewards where the batches are
+    return-weighted) would change nothing it trains on while its run record said the data were corrupted."""
     if data_cfg.normalize_states and data_cfg.state_stats_with_next:
         reads = reads | {"next_observations"}
+    if data_cfg.sampling == "return-weighted":  # its weights come from the (corrupted) returns
+        reads = reads | {"rewards"}
     if data_cfg.corrupt is not None and data_cfg.corrupt not in reads:
         raise OffrlError(f"--data.corrupt {data_cfg.corrupt}: {algo} never reads {data_cfg.corrupt} (it reads "
                          f"{', '.join(sorted(reads))}), so the corruption would change nothing it trains on: drop it")
