@@ -78,6 +78,21 @@ def test_adversarial_corruption_lowers_the_critics_q(tiny, tmp_path):
     np.testing.assert_allclose(dirty.rewards[info.rows], -0.5 * clean.rewards[info.rows])
 
 
+def test_cql_refuses_options_that_act_only_under_a_switch_it_was_not_given(tmp_path):
+    from algos import cql
+    from offrl.errors import OffrlError
+
+    for options, message in (({"lagrange_init": -1.0}, "--lagrange-init acts only with --lagrange"),
+                             ({"target_gap": 5.0, "calql_sparse_failure": -1.0},
+                              "--target-gap acts only with --lagrange; --calql-sparse-failure acts only with --calql")):
+        cfg = cql.Config(**options)
+        cfg.run.out_dir = str(tmp_path)
+        with pytest.raises(OffrlError, match=message):
+            cql.train(cfg)
+    cql.check_config(cql.Config(lagrange=True, lagrange_init=-1.0, target_gap=5.0, calql=True, calql_sparse_failure=-1.0))
+    assert not any(tmp_path.iterdir())
+
+
 def test_the_attack_critic_takes_every_policy_checkpoint_with_a_critic():
     from offrl.policies import RUN_CHECKPOINT_KINDS
 
