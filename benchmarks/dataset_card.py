@@ -35,9 +35,15 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--record-checksums", action="store_true",
                         help="write the local datasets' checksums into the committed reference file")
     args = parser.parse_args(argv)
-    rows = []
+    rows, missing = [], [dataset_id for dataset_id in suite.suite_ids() if not suite.exists(dataset_id)]
+    if len(missing) == len(suite.suite_ids()):  # a wrong MINARI_DATASETS_PATH would empty the committed card
+        raise SystemExit(f"error: none of the suite's datasets is on this machine (looked in {suite.datasets_root()}): "
+                         f"make them first (`offrl datasets make --all`); {args.out} is left as it was")
+    if missing:
+        print(f"warning: the card leaves out {len(missing)} suite datasets not on this machine: {', '.join(missing)}",
+              file=sys.stderr)
     for dataset_id in suite.suite_ids():
-        if not suite.exists(dataset_id):
+        if dataset_id in missing:
             continue
         dataset = load_dataset(dataset_id)
         info = describe(dataset)
@@ -65,8 +71,6 @@ def main(argv: list[str] | None = None) -> str:
             f"{info['return_mean']:.1f} | {info['return_min']:.1f} | {info['return_max']:.1f} | "
             f"{'-' if norm is None else f'{norm:.1f}'} | {info['ref_min_score']:.1f} | {info['ref_max_score']:.1f} | "
             f"{offrl_info.get('seconds', float('nan')):.0f} | `{info['checksum']}` |")
-    if not rows:
-        lines.append("| (no suite datasets on this machine) | | | | | | | | | | | |")
     lines += ["", "## Behaviour policies", "",
               "From `offrl/assets/policies/<env>/manifest.json`, written by `python -m benchmarks.suite_policies` from "
               "the SAC runs of `benchmarks/behaviour_policies.sh` (`algos/sac.py`, seed 0). Eval return: the "

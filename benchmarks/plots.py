@@ -17,6 +17,7 @@ All numbers come from benchmarks.table.summarize (fixed bootstrap seed), so a re
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,11 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--reps", type=int, default=stats.REPS, help="bootstrap replicates of every CI")
     parser.add_argument("--bootstrap-seed", type=int, default=stats.SEED)
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps {args.reps}: at least 1")
+    for root in args.roots:
+        if not root.is_dir():
+            print(f"note: {root} is not a folder: left out", file=sys.stderr)
     groups = table.collect([root for root in args.roots if root.is_dir()], args.metric)
     if not groups:
         raise table.no_finished_runs(args.metric, args.roots)

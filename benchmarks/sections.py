@@ -7,10 +7,17 @@ from pathlib import Path
 
 
 def write_section(path: Path, name: str, text: str) -> None:
+    """Replace part `name` of `path` (or append it). A file whose markers of that part are not one begin and then
+    one end (an edit lost one) is refused, naming them: replacing from the first begin to some end could take
+    other parts with it."""
     begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     block = f"{begin}\n{text.strip()}\n{end}\n"
     old = path.read_text() if path.exists() else ""
-    if begin in old and end in old:
+    counts = (old.count(begin), old.count(end))
+    if counts not in ((0, 0), (1, 1)) or (counts == (1, 1) and old.index(end) < old.index(begin)):
+        raise SystemExit(f"error: {path}: part '{name}' has {counts[0]} '{begin}' and {counts[1]} '{end}' markers "
+                         "(one of each, in that order, expected): mend the file by hand, then write the part again")
+    if counts == (1, 1):
         new = old[:old.index(begin)] + block + old[old.index(end) + len(end):].lstrip("\n")
     else:
         new = (old.rstrip() + "\n\n" if old.strip() else "") + block

@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expert-candidates", type=int, default=5)
     parser.add_argument("--dest", type=Path, default=Path(policies.__file__).parent / "assets" / "policies")
     args = parser.parse_args(argv)
+    # the key names the folder install() replaces: "" or a path would replace the whole policies folder or another
+    if not args.env_key or Path(args.env_key).name != args.env_key or args.env_key in (".", ".."):
+        parser.error(f"--env-key {args.env_key!r}: one folder name, e.g. hopper")
+    if args.episodes < 1 or args.expert_candidates < 1:
+        parser.error("--episodes and --expert-candidates: at least 1")
     manifest = select(args.run_dir, args.episodes, args.expert_candidates)
     install(manifest, args.dest / args.env_key)
     print(json.dumps({k: manifest[k] for k in ("env_id", "expert", "medium")}, indent=2))

@@ -694,6 +694,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="run nothing: print each variant's finished, running, diverged, interrupted and unstarted "
                              "runs, steps left and their core-hours at the pace of its finished runs")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: at least 1")
     if args.jobs < 1 or args.threads < 1:  # --jobs 0 would wait forever for a free slot
         parser.error(f"--jobs {args.jobs} --threads {args.threads}: each at least 1")
     try:

@@ -122,8 +122,9 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     for label, final in finished_runs(roots, variants, datasets):
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
-            if run is not None and run["final"] is None and run["failed"]:  # no score, but not silently left out
-                print(f"note: {final.parent} failed ({run['failed']}): no {metric}, not in that row", file=sys.stderr)
+            if run is not None and run["final"] is None:  # no score, but not silently left out
+                why = f"failed ({run['failed']})" if run["failed"] else "finished"
+                print(f"note: {final.parent} {why}: no {metric} in its final.json, not in that row", file=sys.stderr)
             if run is not None and run["final"] is not None:
                 key = (label, metric, run["dataset"], run["seed"])
                 if key in seen:  # a seed run twice (e.g. again by hand into a second folder) would count twice

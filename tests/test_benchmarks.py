@@ -1295,3 +1295,51 @@ def test_ray_backend_joins_the_cluster_it_is_told_to(given, env, expected, tmp_p
     with pytest.raises(Started) as started:
         sweep.run_ray([job], [], given)
     assert started.value.args[0] == expected
+
+
+def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_path, capsys):
+    """From a bad-input audit of benchmarks/*.py: a markdown part with a lost marker (the next write took the
+    following part with it), an --env-key that names no single folder (suite_policies replaces that folder: '' was
+    the whole policies folder), a dataset card with no dataset on the machine (it emptied the committed card),
+    --jobs 0 (waited forever), --steps below 1, --reps below 1, and a finished run without the table's metric
+    (left out of its row without a word)."""
+    import shutil
+
+    from benchmarks import dataset_card, plots, seeds_throughput, suite_policies
+    from benchmarks.sections import write_section
+
+    page = tmp_path / "page.md"
+    page.write_text("<!-- a -->\nold\n\n<!-- b -->\nkeep\n<!-- /b -->\n")
+    with pytest.raises(SystemExit, match="part 'a' has 1 '<!-- a -->' and 0 '<!-- /a -->' markers"):
+        write_section(page, "a", "new")
+    assert "keep" in page.read_text() and "new" not in page.read_text()
+    policies_dest = tmp_path / "policies"
+    (policies_dest / "hopper").mkdir(parents=True)
+    for key in ("", "..", "hopper/../..", "a/b"):
+        with pytest.raises(SystemExit):
+            suite_policies.main([str(tmp_path), "--env-key", key, "--dest", str(policies_dest)])
+        assert f"--env-key {key!r}: one folder name" in capsys.readouterr().err
+    assert (policies_dest / "hopper").is_dir()
+    card = tmp_path / "datasets.md"
+    card.write_text("the committed card\n")
+    with pytest.raises(SystemExit, match="none of the suite's datasets is on this machine"):
+        dataset_card.main(["--out", str(card)])
+    assert card.read_text() == "the committed card\n"
+    for main, argv, message in ((seeds_throughput.main, ["--jobs", "0"], "--jobs and --one-process-threads: at least 1"),
+                                (sweep.main, ["--name", "s", "--out-dir", str(tmp_path), "--datasets", "d", "--seeds",
+                                              "0", "--steps", "-5", "--variant", "bc=bc"], "--steps -5: at least 1"),
+                                (plots.main, [str(tmp_path), "--out-dir", str(tmp_path / "p"), "--reps", "0"],
+                                 "--reps 0: at least 1")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert message in capsys.readouterr().err
+    # a finished run without the metric: a note names it
+    run = tmp_path / "sweep" / "bc" / "bc" / "offrl-hopper-medium-v0" / "0-sweep"
+    shutil.copytree(ROOT / "results/grid/runs/grid-fast/bc-bf16/bc/offrl-hopper-medium-v0/0-sweep", run)
+    shutil.copytree(ROOT / "results/grid/runs/grid-fast/bc-bf16/bc/offrl-hopper-medium-v0/1-sweep", run.parent / "1-sweep")
+    final = json.loads((run / "final.json").read_text())
+    del final["eval/normalized_score"]
+    (run / "final.json").write_text(json.dumps(final))
+    groups = table.collect(tmp_path / "sweep")
+    assert [r["seed"] for rs in groups.values() for r in rs] == [1]
+    assert f"note: {run} finished: no eval/normalized_score in its final.json, not in that row" in capsys.readouterr().err
