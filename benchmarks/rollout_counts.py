@@ -21,7 +21,12 @@ def rows(roots: list[Path]) -> list[dict]:
     found = []
     for root in roots:
         for final_path in sorted(root.glob("**/mbrcsl/*/*/final.json")):
-            final = json.loads(final_path.read_text())
+            try:
+                final = json.loads(final_path.read_text())
+                final["dataset"], final["seed"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SystemExit(f"error: run folder {final_path.parent}: cannot read its records "
+                                 f"({type(e).__name__}: {e}); mend or move the folder aside") from None
             variant = final_path.parents[3].name  # <root>/<variant>/mbrcsl/<dataset>/<seed>-sweep/final.json
             found.append({"variant": variant, **final})
     return sorted(found, key=lambda r: (r["dataset"], r["variant"], r["seed"]))
@@ -42,7 +47,14 @@ def markdown(found: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("roots", nargs="+", type=Path, help="sweep folders holding mbrcsl runs")
-    text = markdown(rows(parser.parse_args(argv).roots))
+    roots = parser.parse_args(argv).roots
+    missing = [str(root) for root in roots if not root.is_dir()]
+    if missing:  # the table is meant to be appended to a results file: an empty one would land there
+        parser.error(f"no such sweep folder: {', '.join(missing)}")
+    found = rows(roots)
+    if not found:
+        parser.error(f"no finished MBRCSL run under {', '.join(map(str, roots))}")
+    text = markdown(found)
     print(text, end="")
     return text
 

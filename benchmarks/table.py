@@ -146,8 +146,14 @@ def finished_runs(roots: Path | list[Path], variants: list[str] | None = None, d
         label = final.parent.relative_to(root).parts[0]
         if variants is not None and label not in variants:
             continue
-        if datasets is not None and json.loads(final.read_text())["dataset"] not in datasets:
-            continue
+        if datasets is not None:
+            try:
+                dataset = json.loads(final.read_text())["dataset"]
+            except (OSError, ValueError, KeyError, TypeError) as e:  # as read_records says it
+                raise SystemExit(f"error: run folder {final.parent}: cannot read its records ({type(e).__name__}: "
+                                 f"{e}); mend or move the folder aside") from None
+            if dataset not in datasets:
+                continue
         yield label, final
 
 
@@ -652,6 +658,9 @@ def main(argv: list[str] | None = None) -> str:
         print(f"note: no sweep folder {root} (no runs there yet?)", file=sys.stderr)
     if args.reps < 1 or (args.reevaluate is not None and args.reevaluate < 1):
         parser.error("--reps and --reevaluate take a positive number")
+    for option, path in (("--out", args.out), ("--json", args.json)):  # checked before any output is written
+        if path is not None and (path.is_dir() or any(parent.exists() and not parent.is_dir() for parent in path.parents)):
+            parser.error(f"{option} {path}: a folder, or under a file: give a file path")
     reevaluate = (args.reevaluate, args.reeval_seed) if args.reevaluate else None
     if not stats.implementation().startswith("rliable"):
         print(f"note: rliable did not import ({stats.IMPORT_ERROR}); the same statistics come from "

@@ -1343,3 +1343,17 @@ def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_p
     groups = table.collect(tmp_path / "sweep")
     assert [r["seed"] for rs in groups.values() for r in rs] == [1]
     assert f"note: {run} finished: no eval/normalized_score in its final.json, not in that row" in capsys.readouterr().err
+    # a damaged final.json under --datasets, an --out that is a folder, rollout counts of no run
+    (run / "final.json").write_text("{")
+    with pytest.raises(SystemExit, match=f"run folder {run}: cannot read its records"):
+        table.main([str(tmp_path / "sweep"), "--datasets", "offrl/hopper/medium-v0"])
+    with pytest.raises(SystemExit):
+        table.main([str(tmp_path / "sweep"), "--out", str(tmp_path)])
+    assert f"--out {tmp_path}: a folder, or under a file" in capsys.readouterr().err
+    from benchmarks import rollout_counts
+
+    for roots, message in (([str(tmp_path / "nowhere")], "no such sweep folder"),
+                           ([str(tmp_path / "sweep")], "no finished MBRCSL run under")):
+        with pytest.raises(SystemExit):
+            rollout_counts.main(roots)
+        assert message in capsys.readouterr().err
