@@ -350,16 +350,21 @@ def finished_core_seconds(run_dir: Path) -> float | None:
     """A finished run's core-seconds: final.json's core_seconds (wall time times each process's threads), or for
     a run that predates it its wall_seconds times config.json's run.threads (its last process's threads;
     0, torch's default, read as every core); None when neither is recorded."""
-    final = json.loads((run_dir / "final.json").read_text())
-    if final.get("core_seconds"):
-        return final["core_seconds"]
-    if not final.get("wall_seconds"):
-        return None
-    from offrl.run import core_seconds_from_wall
+    try:
+        final = json.loads((run_dir / "final.json").read_text())
+        if final.get("core_seconds"):
+            return final["core_seconds"]
+        if not final.get("wall_seconds"):
+            return None
+        from offrl.run import core_seconds_from_wall
 
-    config = run_dir / "config.json"
-    threads = json.loads(config.read_text()).get("run", {}).get("threads", 1) if config.exists() else 1
-    return core_seconds_from_wall(final["wall_seconds"], threads)
+        config = run_dir / "config.json"
+        threads = json.loads(config.read_text()).get("run", {}).get("threads", 1) if config.exists() else 1
+        return core_seconds_from_wall(final["wall_seconds"], threads)
+    except (OSError, ValueError, AttributeError, TypeError) as e:  # a damaged record: its pace is unknown
+        print(f"note: run folder {run_dir}: cannot read its records ({type(e).__name__}: {e}); its pace is left out",
+              file=sys.stderr)
+        return None
 
 
 def status(jobs: list[Job]) -> list[dict]:

@@ -55,7 +55,13 @@ def variant(config: dict) -> str:
 
 def is_wsrl_run(path: Path) -> bool:
     config, metrics = path / "config.json", path / "metrics.jsonl"
-    return config.exists() and metrics.exists() and "warmup_steps" in json.loads(config.read_text())
+    if not (config.exists() and metrics.exists()):
+        return False
+    try:
+        return "warmup_steps" in json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: run folder {path}: cannot read its config.json ({type(e).__name__}: {e}); mend or "
+                         "move the folder aside") from None
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -363,6 +369,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.last_evals < 1:
         parser.error("--last-evals must be at least 1")
+    if args.dip_window < 1 or (args.context_dip_window is not None and args.context_dip_window < 1):
+        parser.error("--dip-window and --context-dip-window must be at least 1 env step")
+    if args.markdown:  # before the plot is written: one output, not half of them
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
     groups = collect(args.runs)
     data = curves(groups)
     plot(data, Path(args.out), args.title)

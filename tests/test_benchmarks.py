@@ -1350,6 +1350,16 @@ def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_p
     with pytest.raises(SystemExit):
         table.main([str(tmp_path / "sweep"), "--out", str(tmp_path)])
     assert f"--out {tmp_path}: a folder, or under a file" in capsys.readouterr().err
+    # sweep --status over a finished run whose config.json is damaged: its pace is left out, with a note
+    status_run = tmp_path / "status" / "s" / "bc" / "bc" / "offrl-hopper-medium-v0" / "0-sweep"
+    shutil.copytree(ROOT / "results/grid/runs/grid-fast/bc-bf16/bc/offrl-hopper-medium-v0/0-sweep", status_run)
+    final = json.loads((status_run / "final.json").read_text())
+    final.pop("core_seconds", None)  # a run from before it: its pace comes from config.json's threads
+    (status_run / "final.json").write_text(json.dumps(final))
+    (status_run / "config.json").write_text("{")
+    sweep.main(["--name", "s", "--out-dir", str(tmp_path / "status"), "--datasets", "offrl/hopper/medium-v0",
+                "--seeds", "0", "1", "--steps", "100000", "--variant", "bc=bc", "--status"])
+    assert f"note: run folder {status_run}: cannot read its records" in capsys.readouterr().err
     from benchmarks import rollout_counts
 
     for roots, message in (([str(tmp_path / "nowhere")], "no such sweep folder"),

@@ -387,6 +387,12 @@ def test_claims_skip_set_aside_folders_and_refuse_a_seed_twice_or_an_empty_dip_w
     fake_run(tmp_path / "runs" / "again", {0: 50, 100: 20}, seed=0)
     with pytest.raises(SystemExit, match="seed 0 of WSRL on offrl/tiny-v0 has two run folders"):
         wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png")])
+    # a negative dip window (it gave a table of nan), a run folder whose config.json is damaged (a traceback)
+    with pytest.raises(SystemExit):
+        wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png"), "--dip-window", "-5"])
+    (tmp_path / "runs" / "again" / "config.json").write_text("{")
+    with pytest.raises(SystemExit, match="run folder .*again: cannot read its config.json"):
+        wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png")])
 
 
 def test_pretraining_level_is_the_mean_of_its_last_ten_evaluations_up_to_the_checkpoint(tmp_path):
