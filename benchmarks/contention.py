@@ -66,8 +66,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seconds", type=float, default=60.0, help="training time per case")
     parser.add_argument("--markdown", type=Path, help="write the table as the 'contention' part of this file")
     args = parser.parse_args(argv)
-    subprocess.run([sys.executable, "-m", "offrl.cli", "datasets", "make", args.dataset], check=True,
-                   stdout=subprocess.DEVNULL)
+    if args.seconds <= 0:
+        parser.error(f"--seconds {args.seconds}: a positive training time")
+    made = subprocess.run([sys.executable, "-m", "offrl.cli", "datasets", "make", args.dataset], stdout=subprocess.DEVNULL)
+    if made.returncode != 0:  # its own error line said why
+        raise SystemExit(made.returncode)
     report = []
     with tempfile.TemporaryDirectory() as scratch:
         for label, runs, threads in CASES:

@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--behaviour-policy", type=Path, help="the policy file that generated the dataset")
     parser.add_argument("--dataset", help="with --behaviour-policy: the dataset it generated")
     args = parser.parse_args(argv)
+    if args.behaviour_policy and not args.dataset:
+        parser.error("--behaviour-policy needs --dataset (the dataset it generated)")
     torch.set_num_threads(1)
     if args.behaviour_policy:
         floor, std = noise_floor(args.behaviour_policy, args.dataset)

@@ -141,10 +141,17 @@ def _no_model_training() -> None:
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or "OFFRL_PROBE" not in os.environ:
+    if len(sys.argv) < 2 or not os.environ.get("OFFRL_PROBE"):
         raise SystemExit("usage: OFFRL_PROBE=out.json python -m benchmarks.run_probe MODULE [ARGS...]")
+    # checked before the run: the probe is written at exit, where a bad path would lose it after all the work
+    out = Path(os.environ["OFFRL_PROBE"])
+    if not out.parent.is_dir() or out.is_dir():
+        raise SystemExit(f"error: OFFRL_PROBE={out}: a file in an existing folder")
+    warmup = os.environ.get("OFFRL_PROBE_WARMUP", "0")
+    if not warmup.isdigit():
+        raise SystemExit(f"error: OFFRL_PROBE_WARMUP={warmup}: a number of steps (0 or more)")
     atexit.register(_write)
-    _instrument(int(os.environ.get("OFFRL_PROBE_WARMUP", "0")))
+    _instrument(int(warmup))
     if os.environ.get("OFFRL_PROBE_NO_MODEL_TRAINING") == "1":
         _no_model_training()
     module = sys.argv[1]
