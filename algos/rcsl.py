@@ -53,7 +53,8 @@ from torch import nn
 from offrl import checkpoint as ckpt
 from offrl.config import DataConfig, EvalConfig, TrainConfig
 from offrl.data import Dataset, TrainingData, load_for_training
-from offrl.data.preprocess import StateNormalizer, refuse_reward_transform, refuse_unread_corruption, refuse_weighted_sampling
+from offrl.data.preprocess import (StateNormalizer, refuse_reward_transform, refuse_unread_corruption,
+                                    refuse_weighted_sampling)
 from offrl.data.sequences import episode_timesteps, returns_to_go
 from offrl.errors import CheckpointError, OffrlError
 from offrl.eval_run import target_policies

@@ -528,7 +528,8 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
     if command:
         lines += [f"Command: `{command}`", ""]
     machine_header = " machine |" if machines else ""
-    lines += ["| variant | dataset | seeds | steps | precision |" + machine_header + " final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
+    lines += ["| variant | dataset | seeds | steps | precision |" + machine_header
+              + " final (mean ± std) | best (mean ± std) | IQM final [95% CI] | hours per run |",
               "|---|---|---|---|---|" + ("---|" if machines else "") + "---|---|---|---|"]
     for row in summary["rows"]:
         final, best = row["final"], row["best"]

@@ -20,10 +20,11 @@ adversarial  observations / actions: x <- x + p * std(x), p in [-range, range]^d
              ravl, wsrl, with its state normalization), trained on the clean data by this project; it runs on
              the CPU unless --data.attack-device says otherwise.
 Deviations from RIQL: its attacks use a pretrained EDAC agent (10 critics) where any offrl Q-ensemble
-checkpoint is accepted here (RAVL's is EDAC's 10-critic agent, trained on model rollouts as well); rows are attacked in chunks of 50k instead of 10 chunks (each row's
-steps depend only on its own gradient; the step's 1e-8 sits beside a gradient scaled by the chunk's
-size, so rows with a near-zero gradient can step differently); and the corruption is drawn per seed,
-where RIQL caches one adversarial dataset per env and reuses it for every seed.
+checkpoint is accepted here (RAVL's is EDAC's 10-critic agent, trained on model rollouts as well); rows are
+attacked in chunks of 50k instead of 10 chunks (each row's steps depend only on its own gradient; the step's
+1e-8 sits beside a gradient scaled by the chunk's size, so rows with a near-zero gradient can step
+differently); and the corruption is drawn per seed, where RIQL caches one adversarial dataset per env and
+reuses it for every seed.
 
 The corruption comes before the data config's preprocessing (`offrl.data.load_for_training`), so an
 algorithm's action clipping and reward scaling act on the corrupted data: IQL's defaults (both on, as the
