@@ -762,7 +762,10 @@ def measure(side: str, args, algo: str, threads: int, data: Path, json_dir: Path
 
 
 def check_corl_python(python: str) -> None:
-    probe = subprocess.run([python, "-c", "import torch, numpy, pyrallis, yaml"], capture_output=True, text=True)
+    try:
+        probe = subprocess.run([python, "-c", "import torch, numpy, pyrallis, yaml"], capture_output=True, text=True)
+    except OSError as e:  # no such file, not executable
+        raise UsageError(f"--corl-python {python}: cannot run it ({e.strerror})") from None
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["?"])[-1]
         raise UsageError(f"{python} cannot import CORL's dependencies ({last}); install them next to its torch: "
@@ -776,6 +779,8 @@ def run(args, argv: list[str]) -> dict:
     args.corl_dir = Path(args.corl_dir).resolve()
     if not args.corl_dir.is_dir():
         raise UsageError(f"--corl-dir {args.corl_dir} is not a folder")
+    if args.rounds < 1 or any(t < 1 for t in args.threads):
+        raise UsageError(f"--rounds {args.rounds} and --threads {' '.join(map(str, args.threads))}: each at least 1")
     if args.steps % args.block or args.steps < args.block or args.block % 2:
         raise UsageError(f"--steps ({args.steps}) must be a positive multiple of --block ({args.block}), "
                          "an even number")

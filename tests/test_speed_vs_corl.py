@@ -166,6 +166,13 @@ def test_missing_corl_dir_is_a_one_line_error(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr and "is not a folder" in result.stderr
     result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path), check=False, timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr and "no algorithms/offline/" in result.stderr
+    result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path), "--rounds", "0", check=False,
+                     timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "--rounds 0 and --threads" in result.stderr
+    from benchmarks import speed_vs_corl
+
+    with pytest.raises(SystemExit, match="--corl-python /nonexistent/python: cannot run it"):
+        speed_vs_corl.check_corl_python("/nonexistent/python")
 
 
 def test_offrl_side_is_set_to_corl_sizes():
