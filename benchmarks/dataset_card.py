@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--record-checksums", action="store_true",
                         help="write the local datasets' checksums into the committed reference file")
     args = parser.parse_args(argv)
+    if not suite.suite_ids():
+        raise SystemExit(f"error: no behaviour-policy manifest under {suite.policies_root()} (OFFRL_POLICIES_PATH?): "
+                         f"no suite dataset to describe; {args.out} is left as it was")
     rows, missing = [], [dataset_id for dataset_id in suite.suite_ids() if not suite.exists(dataset_id)]
     if len(missing) == len(suite.suite_ids()):  # a wrong MINARI_DATASETS_PATH would empty the committed card
         raise SystemExit(f"error: none of the suite's datasets is on this machine (looked in {suite.datasets_root()}): "

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--section", default="seeds-in-one-process")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or any(t < 1 for t in args.one_process_threads or ()):
-        parser.error("--jobs and --one-process-threads: at least 1")  # 0 jobs never started a run: it waited forever
+    if args.jobs < 1 or any(t < 0 for t in args.one_process_threads or ()):  # 0 jobs never started a run
+        parser.error("--jobs: at least 1; --one-process-threads: 0 (torch's default) or more")
     threads = args.one_process_threads or sorted({1, args.jobs})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

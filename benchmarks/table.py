@@ -122,7 +122,9 @@ def collect(roots: Path | list[Path], metrics: list[str] | None = None,
     for label, final in finished_runs(roots, variants, datasets):
         for metric in metrics:
             run = read_run(final.parent, metric, reevaluate)
-            if run is not None and run["final"] is None:  # no score, but not silently left out
+            # no score, but not silently left out: a failed run, or one that logged the metric and has none at the
+            # end (not a variant that never logs it, e.g. BC beside DT's per-target metrics)
+            if run is not None and run["final"] is None and (run["failed"] or run["best"] is not None):
                 why = f"failed ({run['failed']})" if run["failed"] else "finished"
                 print(f"note: {final.parent} {why}: no {metric} in its final.json, not in that row", file=sys.stderr)
             if run is not None and run["final"] is not None:

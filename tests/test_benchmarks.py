@@ -1325,7 +1325,7 @@ def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_p
     with pytest.raises(SystemExit, match="none of the suite's datasets is on this machine"):
         dataset_card.main(["--out", str(card)])
     assert card.read_text() == "the committed card\n"
-    for main, argv, message in ((seeds_throughput.main, ["--jobs", "0"], "--jobs and --one-process-threads: at least 1"),
+    for main, argv, message in ((seeds_throughput.main, ["--jobs", "0"], "--jobs: at least 1"),
                                 (sweep.main, ["--name", "s", "--out-dir", str(tmp_path), "--datasets", "d", "--seeds",
                                               "0", "--steps", "-5", "--variant", "bc=bc"], "--steps -5: at least 1"),
                                 (plots.main, [str(tmp_path), "--out-dir", str(tmp_path / "p"), "--reps", "0"],

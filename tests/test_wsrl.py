@@ -388,7 +388,7 @@ def test_claims_skip_set_aside_folders_and_refuse_a_seed_twice_or_an_empty_dip_w
     with pytest.raises(SystemExit, match="seed 0 of WSRL on offrl/tiny-v0 has two run folders"):
         wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png")])
     # a negative dip window (it gave a table of nan), a run folder whose config.json is damaged (a traceback)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):  # argparse's exit status, before the runs are read
         wsrl_plot.main([str(tmp_path / "runs"), "--out", str(tmp_path / "c.png"), "--dip-window", "-5"])
     (tmp_path / "runs" / "again" / "config.json").write_text("{")
     with pytest.raises(SystemExit, match="run folder .*again: cannot read its config.json"):
