@@ -25,8 +25,9 @@ def rows(roots: list[Path]) -> list[dict]:
                 final = json.loads(final_path.read_text())
                 final["dataset"], final["seed"]
             except (OSError, ValueError, KeyError, TypeError) as e:
-                raise SystemExit(f"error: run folder {final_path.parent}: cannot read its records "
-                                 f"({type(e).__name__}: {e}); mend or move the folder aside") from None
+                from benchmarks.table import damaged_records
+
+                raise damaged_records(final_path.parent, e) from None
             variant = final_path.parents[3].name  # <root>/<variant>/mbrcsl/<dataset>/<seed>-sweep/final.json
             found.append({"variant": variant, **final})
     return sorted(found, key=lambda r: (r["dataset"], r["variant"], r["seed"]))

@@ -64,6 +64,12 @@ def no_finished_runs(metrics: list[str] | None, roots: list[Path], filtered: boo
                       f"{', '.join(map(str, roots))}{' (after --variants/--datasets)' if filtered else ''}")
 
 
+def damaged_records(run_dir: Path, error: Exception) -> SystemExit:
+    """The one error line for a run folder whose records cannot be read (benchmarks.table, rollout_counts)."""
+    return SystemExit(f"error: run folder {run_dir}: cannot read its records ({type(error).__name__}: {error}); "
+                      "mend or move the folder aside")
+
+
 def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | None]:
     """(final.json, metrics rows, config.json, environment.json, dataset.json or None) of a finished run; a
     damaged or missing record stops with its folder named."""
@@ -78,8 +84,7 @@ def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | No
             raise KeyError(f"final.json lacks {missing}" if missing else "config.json lacks eval.episodes")
         return records
     except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
-        raise SystemExit(f"error: run folder {run_dir}: cannot read its records ({type(e).__name__}: {e}); "
-                         "mend or move the folder aside") from None
+        raise damaged_records(run_dir, e) from None
 
 
 def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: tuple[int, int] | None = None) -> dict | None:
@@ -152,8 +157,7 @@ def finished_runs(roots: Path | list[Path], variants: list[str] | None = None, d
             try:
                 dataset = json.loads(final.read_text())["dataset"]
             except (OSError, ValueError, KeyError, TypeError) as e:  # as read_records says it
-                raise SystemExit(f"error: run folder {final.parent}: cannot read its records ({type(e).__name__}: "
-                                 f"{e}); mend or move the folder aside") from None
+                raise damaged_records(final.parent, e) from None
             if dataset not in datasets:
                 continue
         yield label, final
