@@ -80,10 +80,18 @@ def read_records(run_dir: Path) -> tuple[dict, list[dict], dict, dict, dict | No
                    json.loads((run_dir / "environment.json").read_text()),
                    json.loads(data_record.read_text()) if data_record.exists() else None)
         missing = [key for key in ("seed", "steps", "algo", "dataset") if key not in final]
-        if missing or "episodes" not in config.get("eval", {}):
-            raise KeyError(f"final.json lacks {missing}" if missing else "config.json lacks eval.episodes")
+        if missing:
+            raise KeyError(f"final.json lacks {missing}")
+        for section, key in (("eval", "episodes"), ("run", None)):
+            if not isinstance(config.get(section), dict) or (key is not None and key not in config[section]):
+                raise KeyError(f"config.json lacks {section}{'.' + key if key else ''}")
+        scores = [(row.get("step"), name, value) for row in records[1] for name, value in row.items()
+                  if "/" in name and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)))]
+        if scores:  # a hand-edited or damaged record would otherwise stop max() or the statistics with a traceback
+            step, name, value = scores[0]
+            raise TypeError(f"metrics.jsonl has {name} = {value!r} at step {step}, not a number")
         return records
-    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
         raise damaged_records(run_dir, e) from None
 
 
@@ -180,12 +188,16 @@ def collect_diverged(roots: Path | list[Path], variants: list[str] | None = None
         if UNSTARTED in run_dir.name:  # set aside by a sweep's --retry-diverged, which ran the seed again
             continue
         label = run_dir.relative_to(root).parts[0]
-        config = json.loads((run_dir / "config.json").read_text())
-        run_label = config.get("dataset") or config.get("env_id", "run")  # as final.json's (RunConfigBase.run_label)
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+            run_label = config.get("dataset") or config.get("env_id", "run")  # as final.json's (RunConfigBase.run_label)
+            seed, steps = config["seed"], config["steps"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise damaged_records(run_dir, e) from None
         if (variants is not None and label not in variants) or (datasets is not None and run_label not in datasets):
             continue
         stop = diverged(run_dir) or {}
-        out.append({"variant": label, "dataset": run_label, "seed": config["seed"], "steps": config["steps"],
+        out.append({"variant": label, "dataset": run_label, "seed": seed, "steps": steps,
                     "step": stop.get("step"), "metrics": stop.get("metrics", []), "value": stop.get("value"),
                     "last_checkpoint_step": stop.get("last_checkpoint_step"), "run_dir": str(run_dir)})
     return out

@@ -425,6 +425,22 @@ def test_a_diverged_run_is_listed_and_counted_beside_its_row_not_scored(sweeps, 
     with pytest.raises(SystemExit, match="0-sweep: cannot read its records .*line 1 is not JSON"):
         table.main([str(copy), "--reps", "200"])
     metrics.write_text(metrics.read_text().split("\n", 1)[1])
+    # a score that is not a number, a config.json without its run section, a diverged run's damaged config.json
+    kept_metrics, config = metrics.read_text(), run.parent / "0-sweep" / "config.json"
+    metrics.write_text('{"step": 1, "eval/normalized_score": "high"}\n' + kept_metrics)
+    with pytest.raises(SystemExit, match="0-sweep: cannot read its records .*eval/normalized_score = 'high' at step 1"):
+        table.main([str(copy), "--reps", "200"])
+    metrics.write_text(kept_metrics)
+    kept_config = config.read_text()
+    config.write_text(json.dumps({k: v for k, v in json.loads(kept_config).items() if k != "run"}))
+    with pytest.raises(SystemExit, match="0-sweep: cannot read its records .*config.json lacks run"):
+        table.main([str(copy), "--reps", "200"])
+    config.write_text(kept_config)
+    kept_diverged = (run / "config.json").read_text()
+    (run / "config.json").write_text(kept_diverged[:20])
+    with pytest.raises(SystemExit, match="1-sweep: cannot read its records"):
+        table.main([str(copy), "--reps", "200"])
+    (run / "config.json").write_text(kept_diverged)
     # a diverged folder beside a finished run of the same seed is refused, as two finished folders are
     shutil.copytree(run, run.parent / "0-again")
     (run.parent / "0-again" / "config.json").write_text((run.parent / "0-sweep" / "config.json").read_text())
