@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.sections import write_section
+from benchmarks.sections import check_section, write_section
 
 CASES = (("alone", 1, 0), ("two at once", 2, 0), ("alone", 1, 1), ("two at once", 2, 1))
 """(label, runs started together, --run.threads; 0 = torch's default, one thread per core)."""
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.seconds <= 0:
         parser.error(f"--seconds {args.seconds}: a positive training time")
+    if args.markdown:
+        check_section(args.markdown, "contention")
     made = subprocess.run([sys.executable, "-m", "offrl.cli", "datasets", "make", args.dataset], stdout=subprocess.DEVNULL)
     if made.returncode != 0:  # its own error line said why
         raise SystemExit(made.returncode)

@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if args.jobs < 1 or any(t < 0 for t in args.one_process_threads or ()):  # 0 jobs never started a run
         parser.error("--jobs: at least 1; --one-process-threads: 0 (torch's default) or more")
+    if args.markdown:
+        from benchmarks.sections import check_section
+
+        check_section(args.markdown, args.section)
     threads = args.one_process_threads or sorted({1, args.jobs})
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.sections import write_section
+from benchmarks.sections import check_section, write_section
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
@@ -321,6 +321,8 @@ def main(argv: list[str] | None = None) -> dict:
                      help="keep the run folders and logs here (default: a temporary folder, removed afterwards)")
     args = parser.parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]
+    if args.markdown:  # before minutes of measuring, not after
+        check_section(args.markdown, args.section or ("end-to-end" if args.end_to_end is not None else "updates"))
     if args.end_to_end is not None:
         if args.precision != "fp32" or args.batch_size or args.compile:
             parser.error("with --end-to-end, set the runs' options in --run-args (e.g. '--run.precision bf16 "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.sections import write_section
+from benchmarks.sections import check_section, write_section
 from benchmarks.speed import matmul_gflops, synthetic_data, time_algorithm, time_blocks
 from benchmarks.speed_vs_corl import cpu_model
 
@@ -57,6 +57,14 @@ def time_variant(algo: str, variant: str, device: torch.device, args) -> dict:
                           - result["eager_flop_count_s"])
     result.update(variant=variant, precision=precision)
     return result
+
+
+def has_seeds(algo: str) -> bool:
+    """Whether algos.<algo> has a batched-seeds trainer (`Seeds`), what part 2 times."""
+    try:
+        return hasattr(importlib.import_module(f"algos.{algo}"), "Seeds")
+    except ModuleNotFoundError:
+        return False
 
 
 def time_variant_in_child(algo: str, variant: str, args) -> dict:
@@ -96,6 +104,13 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--markdown", type=Path, default=None)
     parser.add_argument("--child", nargs=2, metavar=("ALGO", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    no_seeds = [algo for algo in args.seed_algos if not has_seeds(algo)]
+    if no_seeds:  # checked before part 1's minutes, not after them
+        with_seeds = [p.stem for p in sorted((Path(__file__).parents[1] / "algos").glob("*.py")) if has_seeds(p.stem)]
+        parser.error(f"--seed-algos {' '.join(no_seeds)}: no batched-seeds trainer (algorithms with one: "
+                     f"{' '.join(with_seeds)})")
+    if args.markdown:
+        check_section(args.markdown, "gpu")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.speed_gpu needs a CUDA device")
     device = torch.device("cuda")

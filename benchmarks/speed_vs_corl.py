@@ -784,6 +784,9 @@ def run(args, argv: list[str]) -> dict:
     if args.steps % args.block or args.steps < args.block or args.block % 2:
         raise UsageError(f"--steps ({args.steps}) must be a positive multiple of --block ({args.block}), "
                          "an even number")
+    from benchmarks.sections import check_section, write_section
+
+    check_section(Path(args.markdown), args.section)  # before the measurements' hour, not after it
     for algo in args.algos:
         corl_files(args.corl_dir, algo)
     commit = corl_commit(args.corl_dir, args.corl_commit)
@@ -829,8 +832,6 @@ def run(args, argv: list[str]) -> dict:
             "offrl_versions": "python {python}, torch {torch}, numpy {numpy}".format(**offrl_v),
             "offrl_step": offrl_steps({m["algo"]: m["step"] for m in measurements if m["side"] == "offrl"})}
     text = render_markdown(meta, rows)
-    from benchmarks.sections import write_section
-
     write_section(Path(args.markdown), args.section, text)
     print(text)
     print(f"wrote {args.markdown} (part '{args.section}')", file=sys.stderr)

@@ -1313,7 +1313,7 @@ def test_ray_backend_joins_the_cluster_it_is_told_to(given, env, expected, tmp_p
     assert started.value.args[0] == expected
 
 
-def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_path, capsys):
+def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_path, capsys, monkeypatch):
     """From a bad-input audit of benchmarks/*.py: a markdown part with a lost marker (the next write took the
     following part with it), an --env-key that names no single folder (suite_policies replaces that folder: '' was
     the whole policies folder), a dataset card with no dataset on the machine (it emptied the committed card),
@@ -1329,6 +1329,27 @@ def test_benchmark_tools_refuse_bad_input_with_one_line_and_change_nothing(tmp_p
     with pytest.raises(SystemExit, match="part 'a' has 1 '<!-- a -->' and 0 '<!-- /a -->' markers"):
         write_section(page, "a", "new")
     assert "keep" in page.read_text() and "new" not in page.read_text()
+    # the measuring commands refuse such a file (or a folder) before they measure, not after
+    from benchmarks import contention, speed, speed_gpu
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before it checked --markdown")
+
+    for module, name in ((speed, "matmul_gflops"), (speed, "end_to_end"), (contention.subprocess, "run"),
+                         (seeds_throughput, "run_all")):
+        monkeypatch.setattr(module, name, measured)
+    for main, argv, part in ((speed.main, ["--algos", "bc"], "updates"),
+                             (speed.main, ["--end-to-end", "10", "--algos", "bc"], "end-to-end"),
+                             (contention.main, [], "contention"), (seeds_throughput.main, [], "seeds-in-one-process"),
+                             (speed_gpu.main, [], "gpu")):
+        page.write_text(f"<!-- {part} -->\nold\n")
+        with pytest.raises(SystemExit, match=f"part '{part}' has 1"):  # speed_gpu: before "needs a CUDA device"
+            main([*argv, "--markdown", str(page)])
+    with pytest.raises(SystemExit, match="is a folder"):
+        seeds_throughput.main(["--markdown", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        speed_gpu.main(["--seed-algos", "iql", "cql", "no_such"])
+    assert "--seed-algos cql no_such: no batched-seeds trainer (algorithms with one: bc iql td3_bc)" in capsys.readouterr().err
     policies_dest = tmp_path / "policies"
     (policies_dest / "hopper").mkdir(parents=True)
     for key in ("", "..", "hopper/../..", "a/b"):

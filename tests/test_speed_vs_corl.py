@@ -169,6 +169,12 @@ def test_missing_corl_dir_is_a_one_line_error(tmp_path):
     result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path), "--rounds", "0", check=False,
                      timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr and "--rounds 0 and --threads" in result.stderr
+    # a --markdown whose part it cannot write is refused before the measurements, not after them
+    damaged = tmp_path / "speed-vs-corl.md"
+    damaged.write_text("<!-- speed-vs-corl -->\nno end marker\n")
+    result = run_cli(PYTHON, "-m", "benchmarks.speed_vs_corl", "--corl-dir", str(tmp_path), "--markdown", str(damaged),
+                     check=False, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "part 'speed-vs-corl' has 1" in result.stderr
     from benchmarks import speed_vs_corl
 
     with pytest.raises(SystemExit, match="--corl-python /nonexistent/python: cannot run it"):
