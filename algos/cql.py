@@ -80,9 +80,8 @@ from torch import nn
 
 from offrl.checkpoint import Stateful
 from offrl.compiling import compile_module, compiled
-from offrl.config import TrainConfig
+from offrl.config import TrainConfig, refuse_unused_options
 from offrl.data import Batch, Dataset, ReplayBuffer, TrainingData, load_for_training
-from offrl.errors import OffrlError
 from offrl.graphs import GraphedStep
 from offrl.losses import draw_members, subsampled_critic_min
 from offrl.nets import EnsembleCritic, TanhGaussianActor, edac_critic_init, frozen, rlkit_layer_init, soft_update
@@ -364,13 +363,10 @@ Agent = CQL
 def check_config(cfg: Config) -> None:
     """Options that act only under another one, given without it (the run would record them as applied)."""
     default = Config()
-    unused = [(option, switch) for option, switch, given, on in (
+    refuse_unused_options([(option, f"acts only with {switch}") for option, switch, given, on in (
         ("--lagrange-init", "--lagrange", cfg.lagrange_init is not None, cfg.lagrange),
         ("--target-gap", "--lagrange", cfg.target_gap != default.target_gap, cfg.lagrange),
-        ("--calql-sparse-failure", "--calql", cfg.calql_sparse_failure is not None, cfg.calql)) if given and not on]
-    if unused:
-        raise OffrlError("; ".join(f"{option} acts only with {switch}" for option, switch in unused) + ": add the "
-                         "switch or drop the option")
+        ("--calql-sparse-failure", "--calql", cfg.calql_sparse_failure is not None, cfg.calql)) if given and not on])
 
 
 def train(cfg: Config) -> dict:

@@ -43,7 +43,7 @@ rollout statistics and exits with an error instead of training RCSL on nothing.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import numpy as np
@@ -51,7 +51,7 @@ import torch
 
 from algos import rcsl
 from offrl import checkpoint as ckpt, generative
-from offrl.config import DataConfig, EvalConfig
+from offrl.config import DataConfig, EvalConfig, refuse_unused_options
 from offrl.data import Dataset, TrainingData, load_dataset, load_for_training
 from offrl.data.preprocess import StateNormalizer, normalize_states, refuse_weighted_sampling, state_stats
 from offrl.errors import OffrlError
@@ -357,10 +357,15 @@ def rollout_horizon(cfg: Config, data: TrainingData) -> int:
 
 def train(cfg: Config) -> dict:
     rcsl.check_patience(cfg.rcsl.patience, "--rcsl.patience")
+    if cfg.behaviour_policy:  # the file's policy is rolled out: --behaviour.* would be recorded as applied
+        default = generative.BehaviourConfig()
+        refuse_unused_options([(f"--behaviour.{f.name.replace('_', '-')}", "acts only without --behaviour-policy")
+                               for f in fields(default) if getattr(cfg.behaviour, f.name) != getattr(default, f.name)],
+                              "the file's policy is rolled out, not trained: drop the --behaviour.* options")
     refuse_weighted_sampling(cfg.data, "mbrcsl", "uniformly drawn rollout starts and rows of its rollout data")
     rcsl.warn_eval_every(cfg.eval.every, "mbrcsl")
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "mbrcsl", cfg.model)
+    ModelData.check_raw(data, "mbrcsl", cfg)
     behaviour_steps = 0 if cfg.behaviour_policy else cfg.behaviour.steps
     run = Run("mbrcsl", cfg, data, total_steps=behaviour_steps + cfg.steps)
     device = run.device

@@ -161,7 +161,7 @@ def train(cfg: Config) -> dict:
     real_ratio = cfg.real_ratio if cfg.real_ratio is not None else (real_ratio or 0.05)
     check_mixing(cfg.data, cfg.batch_size, real_ratio, "mobile")  # before the data load (an attack can take minutes)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "mobile", cfg.model)
+    ModelData.check_raw(data, "mobile", cfg)
     run = Run("mobile", resolve_config(cfg), data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run)
     agent = MOBILE(cfg, data, run.device, model_data.model, penalty_coef, tune_alpha, model_data.rng.generator)

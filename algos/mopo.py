@@ -85,7 +85,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 def train(cfg: Config) -> dict:
     check_mixing(cfg.data, cfg.batch_size, cfg.real_ratio, "mopo")  # before the data load (an attack can take minutes)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "mopo", cfg.model)
+    ModelData.check_raw(data, "mopo", cfg)
     horizon, penalty_coef = dataset_setting(cfg.dataset, SETTINGS, DEFAULT_SETTING)
     horizon = cfg.rollout_length or horizon
     penalty_coef = cfg.penalty_coef if cfg.penalty_coef is not None else penalty_coef

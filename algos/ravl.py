@@ -146,7 +146,7 @@ def benchmark_step(cfg: Config, data: TrainingData, device: torch.device):
 def train(cfg: Config) -> dict:
     check_mixing(cfg.data, cfg.batch_size, cfg.real_ratio, "ravl")  # before the data load (an attack can take minutes)
     data = load_for_training(cfg.dataset, cfg.data, seed=cfg.seed)
-    ModelData.check_raw(data, "ravl", cfg.model)
+    ModelData.check_raw(data, "ravl", cfg)
     horizon = cfg.rollout_length or 5
     run = Run("ravl", cfg, data)
     model_data, model_file = ModelData.create(data, cfg, horizon, run)

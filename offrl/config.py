@@ -194,6 +194,15 @@ class TrainConfig(RunConfigBase):
     data: DataConfig = field(default_factory=DataConfig)
 
 
+def refuse_unused_options(unused: list[tuple[str, str]], remedy: str = "add the switch or drop the option") -> None:
+    """Options given that change nothing in this run, each with why (e.g. ("--lagrange-init", "acts only with
+    --lagrange")): refused before a run folder is made, as the run's record would list them as applied."""
+    if unused:
+        from offrl.errors import OffrlError
+
+        raise OffrlError("; ".join(f"{option} {why}" for option, why in unused) + f": {remedy}")
+
+
 def resolve_device(name: str) -> torch.device:
     from offrl.errors import OffrlError
 

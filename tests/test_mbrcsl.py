@@ -213,6 +213,7 @@ FAST = ["--behaviour.steps", "60", "--behaviour.widths", "8", "16", "--behaviour
         "--max-rollout-epochs", "3", "--horizon", "50", "--eval.episodes", "2", "--log.every", "20",
         "--log.wandb", "disabled", "--model.members", "3", "--model.elites", "2", "--model.hidden", "16", "16",
         "--model.weight-decay", "0", "0", "0", "--model.max-epochs", "2"]
+LOADED_BEHAVIOUR = FAST[FAST.index("--steps"):]  # with --behaviour-policy: no --behaviour.* (refused there)
 
 
 def test_mbrcsl_end_to_end_on_tiny(tiny, tmp_path, monkeypatch):
@@ -231,8 +232,15 @@ def test_mbrcsl_end_to_end_on_tiny(tiny, tmp_path, monkeypatch):
     assert kept.num_episodes == final["rollouts/kept"] and np.all(kept.episode_returns() > 0)
     assert_reevaluation_reproduces(run_dir)  # `offrl eval` rebuilds the RCSL policy and its target from the checkpoint
 
-    # the saved behaviour policy replaces the behaviour-cloning phase of another run
-    again = run_cli(PYTHON, "-m", "algos.mbrcsl", *FAST, "--threshold", "0", "--behaviour-policy",
+    # the saved behaviour policy replaces the behaviour-cloning phase of another run, whose --behaviour.* options
+    # would do nothing: refused
+    given = run_cli(PYTHON, "-m", "algos.mbrcsl", *FAST, "--threshold", "0", "--behaviour-policy",
+                    str(run_dir / "behaviour.pt"), "--run.out-dir", str(tmp_path / "b"), check=False)
+    assert given.returncode == 1 and "Traceback" not in given.stderr and not (tmp_path / "b").exists()
+    assert ("--behaviour.steps acts only without --behaviour-policy; --behaviour.widths acts only without "
+            "--behaviour-policy; --behaviour.time-dim acts only without --behaviour-policy: the file's policy is rolled out, "
+            "not trained: drop the --behaviour.* options") in given.stderr
+    again = run_cli(PYTHON, "-m", "algos.mbrcsl", *LOADED_BEHAVIOUR, "--threshold", "0", "--behaviour-policy",
                     str(run_dir / "behaviour.pt"), "--run.out-dir", str(tmp_path / "b"))
     (second,) = (tmp_path / "b").glob("mbrcsl/*/*")
     assert json.loads((second / "final.json").read_text())["steps"] == 60 and not (second / "behaviour.pt").exists()
@@ -276,7 +284,7 @@ def test_mbrcsl_rejects_a_behaviour_policy_of_other_dims(tiny, tmp_path, monkeyp
     monkeypatch.setenv("OFFRL_MODELS", str(tmp_path / "models"))
     cfg = generative.BehaviourConfig(widths=(8,), time_dim=8)
     path = generative.save(tmp_path / "other.pt", generative.build(cfg, 3, 1, [0.0] * 3, [1.0] * 3, [-1.0], [1.0]), cfg)
-    result = run_cli(PYTHON, "-m", "algos.mbrcsl", *FAST, "--behaviour-policy", str(path), "--run.out-dir",
+    result = run_cli(PYTHON, "-m", "algos.mbrcsl", *LOADED_BEHAVIOUR, "--behaviour-policy", str(path), "--run.out-dir",
                      str(tmp_path / "runs"), check=False)
     assert result.returncode == 1 and "acts on 3-dim states" in result.stderr and "Traceback" not in result.stderr
 

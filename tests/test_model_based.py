@@ -123,6 +123,16 @@ def test_a_model_path_run_resumes_after_its_model_file_is_gone(tiny, tmp_path, m
             assert resumed.returncode == 1 and "Traceback" not in resumed.stderr, resumed.stderr
             assert f"--model-path {model_file} is gone: put it back" in resumed.stderr
             assert "does not fit one built from the --model options (Missing key(s)" in resumed.stderr  # 4 layers, not 2
+    # options the file makes unused: refused before a run folder is made (the file's config builds the model)
+    hidden = FAST.index("--model.hidden")
+    other = [*FAST[:hidden], "--model.hidden", "8", "8", *FAST[hidden + 3:], "--model.compile", "--model-seed", "3",
+             "--retrain-model"]
+    refused = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "40", *other, "--model-path", str(model_file),
+                      "--run.out-dir", str(tmp_path / "refused"), check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr and not (tmp_path / "refused").exists()
+    assert ("--model-seed does nothing with --model-path; --retrain-model does nothing with --model-path; "
+            "--model.hidden (8, 8) differs from the --model-path file's (16, 16); --model.compile True differs from "
+            "the --model-path file's False") in refused.stderr, refused.stderr
     assert not list(model_cache.glob("*/model.pt"))  # none trained
 
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
 
 from offrl.checkpoint import SeededGenerator, Stateful
 from offrl.data.buffer import Batch, ReplayBuffer
-from world_models.ensemble import DynamicsEnsemble
+from world_models.ensemble import DynamicsEnsemble, EnsembleConfig
 from world_models.termination import TerminationFn
 
 
@@ -153,6 +153,26 @@ def mixed_batch(real: ReplayBuffer, model: ReplayBuffer, batch_size: int, real_r
     return Batch(*(torch.cat([x, y]) for x, y in zip(a, b)))
 
 
+def check_model_options(cfg) -> None:
+    """With --model-path the file is the model: --model-seed and --retrain-model do nothing, and a --model.* option
+    other than both its default and the file's value would be recorded as applied while the file's config builds
+    the model (options at their default or at the file's value stay: they build the model when a resumed run finds
+    the file gone). Refused before a run folder is made."""
+    if cfg.model_path is None:
+        return
+    from offrl.config import refuse_unused_options
+    from world_models.train import load_model
+
+    unused = [(option, "does nothing with --model-path") for option, given in (
+        ("--model-seed", cfg.model_seed is not None), ("--retrain-model", cfg.retrain_model)) if given]
+    if Path(cfg.model_path).exists():  # a missing file is load_or_train's error, after this
+        trained, default = load_model(cfg.model_path).cfg, EnsembleConfig()
+        unused += [(f"--model.{f.name.replace('_', '-')} {getattr(cfg.model, f.name)}",
+                    f"differs from the --model-path file's {getattr(trained, f.name)}") for f in fields(EnsembleConfig)
+                   if getattr(cfg.model, f.name) not in (getattr(default, f.name), getattr(trained, f.name))]
+    refuse_unused_options(unused, "the file's own config and weights are the model: drop those options")
+
+
 def load_dynamics(data, cfg, run) -> tuple[DynamicsEnsemble, str, TerminationFn]:
     """From a `DynamicsModelConfig` (model, model_seed, model_path, retrain_model, seed): the cached or newly
     trained ensemble of `data` for `run` (an `offrl.run.Run`), its file, and the termination function of the
@@ -230,13 +250,15 @@ class ModelData:
         self.last_rollout = LastRollout()
 
     @staticmethod
-    def check_raw(data, algo: str, model_cfg=None) -> None:
+    def check_raw(data, algo: str, cfg=None) -> None:
         """Model-based algorithms learn the dynamics of the raw data: refuse normalized states or scaled rewards
-        (and a dynamics-model config, `model_cfg`, that cannot train), before a run folder is made."""
-        if model_cfg is not None:
+        (and, from the algorithm's `cfg`, a dynamics-model config that cannot train or options --model-path
+        leaves unused: `check_model_options`), before a run folder is made."""
+        if cfg is not None:
             from world_models.ensemble import check_config
 
-            check_config(model_cfg, training=True)
+            check_config(cfg.model, training=True)
+            check_model_options(cfg)
         if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0 or data.preprocessing.reward_bias:
             from offrl.errors import OffrlError
 
