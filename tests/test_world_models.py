@@ -374,6 +374,19 @@ def test_data_changed_after_loading_gets_its_own_cached_model(tiny, tmp_path):
     assert cache_folder(clipped, cfg, 0, tmp_path) not in (clean_file.parent, dirty_file.parent)
 
 
+def test_corrupted_data_without_a_corruption_seed_says_each_seed_trains_its_model(tiny, capsys):
+    from algos import mopo
+    from offrl.config import DataConfig
+    from offrl.data import load_for_training
+    from world_models.rollout import ModelData
+
+    data = load_for_training(tiny, DataConfig())
+    for data_cfg, noted in ((DataConfig(corrupt="rewards"), True), (DataConfig(corrupt="rewards", corruption_seed=0), False),
+                            (DataConfig(), False)):
+        ModelData.check_raw(data, "mopo", mopo.Config(dataset=tiny, data=data_cfg))
+        assert ("each seed of mopo trains (and caches) a dynamics model of its own" in capsys.readouterr().err) == noted
+
+
 def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):
     """--status: 'not begun', 'stopped' / 'training now' (the entry's lock held) at the epochs checkpointed in
     training.pt, 'trained' with its epochs; it makes no cache entry, trains nothing and waits for no lock."""

@@ -259,6 +259,10 @@ class ModelData:
 
             check_config(cfg.model, training=True)
             check_model_options(cfg)
+            if cfg.data.corrupt is not None and cfg.data.corruption_seed is None and cfg.model_path is None:
+                print(f"note: --data.corrupt without --data.corruption-seed corrupts each seed's data its own way, so "
+                      f"each seed of {algo} trains (and caches) a dynamics model of its own; give "
+                      "--data.corruption-seed to share one across seeds", file=sys.stderr)
         if data.preprocessing.obs_mean is not None or data.preprocessing.reward_scale != 1.0 or data.preprocessing.reward_bias:
             from offrl.errors import OffrlError
 
