@@ -104,6 +104,7 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
     curve = {r["step"]: r[metric] for r in rows if metric in r and "step" in r}  # a redone step keeps its last value
     times = [r["time"] for r in rows if "time" in r]
     data_checksum = data.get("checksum") if data is not None else None
+    ref_scores = (data.get("ref_min_score"), data.get("ref_max_score")) if data is not None else None
     final_score, episodes = final.get(metric), config["eval"]["episodes"]
     wall = final.get("wall_seconds")
     if "resumes" not in final and env.get("resumes"):
@@ -118,6 +119,7 @@ def read_run(run_dir: Path, metric: str = "eval/normalized_score", reevaluate: t
             "precision": config["run"].get("precision", "fp32"), "threads": config["run"].get("threads"),
             "algo": final["algo"], "dataset": final["dataset"], "env": env, "wall": wall, "run_dir": str(run_dir),
             "curve": sorted(curve.items()), "finished": max(times, default=None), "data_checksum": data_checksum,
+            "ref_scores": ref_scores,
             "failed": final.get("failed"), "dynamics_model": final.get("dynamics_model"),
             "model_based": "model_file" in final}
 
@@ -282,6 +284,20 @@ def differing_data(groups: dict) -> dict[str, dict]:
             for dataset, sums in sorted(by_dataset.items()) if len(sums) > 1}
 
 
+def differing_reference_scores(groups: dict) -> dict[str, list[dict]]:
+    """{dataset id: [{"ref_min_score", "ref_max_score", "rows"}, ...]} for the dataset ids whose runs normalized
+    their scores with more than one pair of reference returns (their dataset.json's; a dataset made again on another
+    machine measures its random and expert returns again): such rows' normalized scores are on different scales."""
+    by_dataset: dict[str, dict[tuple, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for (label, dataset), rs in groups.items():
+        for r in rs:
+            if r.get("ref_scores") is not None:
+                by_dataset[dataset][r["ref_scores"]].add(label)
+    return {dataset: [{"ref_min_score": low, "ref_max_score": high, "rows": sorted(labels)}
+                      for (low, high), labels in sorted(pairs.items(), key=lambda kv: str(kv[0]))]
+            for dataset, pairs in sorted(by_dataset.items()) if len(pairs) > 1}
+
+
 def dynamics_models(groups: dict, machine_keys: dict[str, str] | None = None) -> dict:
     """The dynamics models the model-based rows rolled out, from their runs' final.json records
     (world_models.train.model_record): one entry per dataset and model file hash, with the rows that used it,
@@ -425,6 +441,9 @@ def summarize(groups: dict, title: str, command: str | None, reeval_seed: int | 
     differing = differing_data(groups)
     if differing:  # the key only where needed: tables made before it regenerate byte for byte
         out["differing_data"] = differing
+    references = differing_reference_scores(groups)
+    if references:  # likewise
+        out["differing_reference_scores"] = references
     models = dynamics_models(groups, {description: key for key, description in hardware[1].items()})
     if models:  # likewise: only tables with runs that recorded their dynamics model
         out["dynamics_models"] = models
@@ -561,6 +580,7 @@ def markdown(summary: dict, plots: list[tuple[str, str]] | None = None) -> str:
                      f"{'/'.join(row['precision'])} |{machine} {final['mean']:.1f} ± {final['std']:.1f} | "
                      f"{best['mean']:.1f} ± {best['std']:.1f} | {_interval(row['iqm'])} | {hours} |")
     lines += differing_data_section(summary.get("differing_data", {}))
+    lines += differing_reference_scores_section(summary.get("differing_reference_scores", {}))
     lines += diverged_section(summary.get("diverged", []))
     lines += dynamics_models_section(summary.get("dynamics_models", {}))
     lines += ["", "## Aggregate over datasets", "",
@@ -620,6 +640,21 @@ def differing_data_section(differing: dict[str, dict]) -> list[str]:
             note = " (the committed reference)" if checksum == entry["reference"] else ""
             parts.append(f"`{checksum}`{note}: {', '.join(labels)}")
         lines.append(f"- {dataset}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def differing_reference_scores_section(references: dict[str, list[dict]]) -> list[str]:
+    """Markdown lines naming, per dataset id normalized with more than one pair of reference returns, which rows
+    used which."""
+    if not references:
+        return []
+    lines = ["", "## Rows normalized with different reference returns", "",
+             "The runs of these dataset ids recorded different random and expert returns (dataset.json's "
+             "ref_min_score and ref_max_score): their normalized scores, 100 · (return − min) / (max − min), are on "
+             "different scales, so compare those rows by their returns (`--metric eval/return_mean`).", ""]
+    for dataset, pairs in references.items():
+        lines.append(f"- {dataset}: " + "; ".join(f"{p['ref_min_score']} to {p['ref_max_score']}: "
+                                                  f"{', '.join(p['rows'])}" for p in pairs) + ".")
     return lines
 
 

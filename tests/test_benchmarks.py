@@ -474,6 +474,17 @@ def test_rows_on_different_data_of_one_dataset_id_are_named(sweeps, tmp_path, mo
     assert f"`{original}` (the committed reference): bc" in text.split("## Rows on different data")[1]
     summary = table.summarize(table.collect([copy]), "t", None, reps=200)
     assert summary["differing_data"]["offrl/tiny-v0"]["checksums"] == {first: ["bc"], second: ["bc"]}
+    # reference returns that differ between runs of one id: their normalized scores are on two scales
+    assert "## Rows normalized with different reference returns" not in text
+    assert "differing_reference_scores" not in summary
+    record.write_text(json.dumps({**saved, "ref_max_score": saved["ref_max_score"] + 1.0}))
+    text = table.main([str(copy), "--reps", "200"])
+    section = text.split("## Rows normalized with different reference returns")[1]
+    assert f"- offrl/tiny-v0: {saved['ref_min_score']} to {saved['ref_max_score']}: bc; " in section
+    assert f"{saved['ref_min_score']} to {saved['ref_max_score'] + 1.0}: bc." in section
+    summary = table.summarize(table.collect([copy]), "t", None, reps=200)
+    assert [p["ref_max_score"] for p in summary["differing_reference_scores"]["offrl/tiny-v0"]] == sorted(
+        [saved["ref_max_score"], saved["ref_max_score"] + 1.0], key=lambda high: str((saved["ref_min_score"], high)))
 
 
 def test_a_row_stopped_early_says_where_beside_its_budget(sweeps, tmp_path):
