@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -104,6 +106,22 @@ def train_command(argv: list[str]) -> None:
     cli_main(module.Config, module.train, argv=rest, prog=f"offrl train {algo}")
 
 
+RUN_RECORDS = ("config.json", "final.json", "dataset.json", "environment.json", "metrics.jsonl")
+
+
+def check_eval_out(out: Path, run: Path) -> None:
+    """`offrl eval --out` must name a file it can write, and not one of the run's own records or checkpoints (a
+    report written over checkpoints/last.pt left the run unusable)."""
+    if out.is_dir() or not out.absolute().parent.is_dir():
+        raise OffrlError(f"--out {out}: not a file in an existing folder")
+    run_dir = run if run.is_dir() else run.parent.parent  # a checkpoint file: <run>/checkpoints/<name>.pt
+    inside = out.resolve().is_relative_to(run_dir.resolve())
+    if out.suffix == ".pt" or (inside and (out.name in RUN_RECORDS or "checkpoints" in out.resolve().parts)):
+        raise OffrlError(f"--out {out}: a checkpoint or one of the run's records; name another file for the report")
+    if not os.access(out.absolute().parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise OffrlError(f"--out {out}: cannot write there")
+
+
 def eval_command(args) -> None:
     from offrl.eval_run import evaluate_saved_run
 
@@ -111,13 +129,22 @@ def eval_command(args) -> None:
         raise OffrlError(f"--episodes {args.episodes}: must be at least 1")
     if args.seed is not None and args.seed < 0 or args.threads is not None and args.threads < 0:
         raise OffrlError(f"--seed {args.seed} / --threads {args.threads}: neither may be negative")
-    if args.out and (Path(args.out).is_dir() or not Path(args.out).absolute().parent.is_dir()):
-        raise OffrlError(f"--out {args.out}: not a file in an existing folder")  # before minutes of evaluation
+    if args.targets is not None and not all(math.isfinite(t) for t in args.targets):
+        raise OffrlError(f"--targets {' '.join(map(str, args.targets))}: returns to condition on must be finite")
+    if args.out:  # before minutes of evaluation, not after
+        check_eval_out(Path(args.out), Path(args.run))
     report = evaluate_saved_run(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                                 targets=args.targets, threads=args.threads)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+        out = Path(args.out)
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:  # atomically: a failed write leaves a file that was there as it was
+            tmp.write_text(json.dumps(report, indent=2))
+            tmp.replace(out)
+        except OSError as exc:  # the evaluation is not lost: its report goes to stdout
+            tmp.unlink(missing_ok=True)
+            print(json.dumps(report, indent=2))
+            raise OffrlError(f"--out {out}: cannot write it ({exc.strerror or exc}); the report is on stdout") from None
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -154,6 +181,7 @@ def datasets_list(args) -> None:
 
     from offrl.data import suite
 
+    suite.datasets_root()  # a file there: one error line, not minari's FileExistsError
     local = minari.list_local_datasets()
     ids = sorted(set(local) | set(suite.known_ids()))
     print(f"{'id':40s} {'status':10s} {'episodes':>8s} {'steps':>9s}  env")

@@ -336,7 +336,11 @@ class Run:
         candidate, i = path, 1
         while candidate.exists():
             candidate, i = path.with_name(f"{path.name}-{i}"), i + 1
-        candidate.mkdir(parents=True)
+        try:
+            candidate.mkdir(parents=True)
+        except OSError as exc:  # e.g. --run.out-dir names a file, or a folder this user cannot write
+            raise OffrlError(f"cannot make the run folder {candidate} ({exc.strerror or exc}): check --run.out-dir") \
+                from None
         return candidate
 
     def _find_resume(self, resume: str) -> tuple[Path, Path] | None:

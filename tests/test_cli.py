@@ -175,7 +175,7 @@ def test_datasets_commands(tiny, tmp_path):
     assert unknown.returncode == 2 and "unknown algorithm" in unknown.stderr
 
 
-def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys):
+def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys, monkeypatch):
     """Values that hung (a sweep with --jobs 0), cost minutes first (your own dataset's id, checked after its
     rollouts), or trained silently on nothing (a dynamics model without a hold-out to pick elites on)."""
     from benchmarks import sweep
@@ -210,6 +210,48 @@ def test_more_bad_values_refused_up_front(tiny, tmp_path, capsys):
     with pytest.raises(OffrlError, match="--model.max-epochs 0: at least 1"):  # elites from untrained weights
         check_config(EnsembleConfig(max_epochs=0), training=True)
     check_config(EnsembleConfig(max_epochs=1), training=True)
+    # each trained into a useless model cached as trained (patience 0: no epoch; a negative batch: no step; a
+    # NaN or negative learning rate) or crashed after making a cache folder (batch 0, a zero width)
+    for options, says in (({"patience": 0}, "--model.patience 0"), ({"batch_size": -5}, "--model.batch-size -5"),
+                          ({"lr": float("nan")}, "--model.lr nan"), ({"lr": -1.0}, "--model.lr -1.0"),
+                          ({"weight_decay": (0.0, -1.0, 0.0, 0.0, 0.0)}, "--model.weight-decay 0.0 -1.0")):
+        with pytest.raises(OffrlError, match=re.escape(says)):
+            check_config(EnsembleConfig(**options), training=True)
+        check_config(EnsembleConfig(**options))  # a saved model loads whatever its training options were
+    with pytest.raises(OffrlError, match="--model.hidden 0 0 0 0: every width at least 1"):
+        check_config(EnsembleConfig(hidden=(0, 0, 0, 0)))
+    (tmp_path / "a-file").write_text("")
+    for options, says in ((["--seed", "-1"], "--seed -1: neither may be negative"),
+                          (["--cache-dir", str(tmp_path / "a-file")], "is a file"),
+                          (["--cache-dir", str(tmp_path / "a-file"), "--status"], "is a file")):
+        result = run_cli(PYTHON, "-m", "world_models.train", "--dataset", tiny, *options, check=False)
+        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    # a file where the datasets folder or a run folder goes; a dataset whose metadata.json is damaged; reference
+    # scores equal or not finite (checked after the rollouts)
+    for argv, env, says in ((["datasets", "list"], {"MINARI_DATASETS_PATH": str(tmp_path / "a-file")}, "is a file"),
+                            (["datasets", "make", "offrl/tiny-v0"], {"MINARI_DATASETS_PATH": str(tmp_path / "a-file")},
+                             "is a file"),
+                            (["datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt", "--steps",
+                              "10", "--id", "my/inv-v0", "--ref-min-score", "5", "--ref-max-score", "5"], {},
+                             "two finite, different returns"),
+                            (["datasets", "make", "--env", "InvertedPendulum-v5", "--policy", "never-read.pt", "--steps",
+                              "10", "--id", "my/inv-v0", "--ref-min-score", "nan", "--ref-max-score", "1"], {},
+                             "two finite, different returns")):
+        with monkeypatch.context() as patched:
+            for name, value in env.items():
+                patched.setenv(name, value)
+            result = run_cli("offrl", *argv, check=False)
+        assert result.returncode == 1 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+    damaged = tmp_path / "minari" / "brk" / "x-v0" / "data"
+    damaged.mkdir(parents=True)
+    (damaged / "metadata.json").write_text("{")
+    with monkeypatch.context() as patched:
+        patched.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+        result = run_cli("offrl", "datasets", "verify", "brk/x-v0", check=False)
+    assert result.returncode == 1 and "metadata.json cannot be read" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli(PYTHON, "-m", "algos.bc", "--steps", "5", "--log.wandb", "disabled", "--run.out-dir",
+                     str(tmp_path / "a-file"), check=False)
+    assert result.returncode == 1 and "cannot make the run folder" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("algo, warns", [("sac", True), ("td3_bc", False)])

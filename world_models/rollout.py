@@ -158,6 +158,10 @@ def check_model_options(cfg) -> None:
     other than both its default and the file's value would be recorded as applied while the file's config builds
     the model (options at their default or at the file's value stay: they build the model when a resumed run finds
     the file gone). Refused before a run folder is made."""
+    if cfg.model_seed is not None and cfg.model_seed < 0:
+        from offrl.errors import OffrlError
+
+        raise OffrlError(f"--model-seed {cfg.model_seed}: may not be negative")
     if cfg.model_path is None:
         return
     from offrl.config import refuse_unused_options

@@ -62,6 +62,9 @@ class TrainModelConfig:
     """'auto' (cuda when available), 'cpu', 'cuda', ..."""
     threads: int = 1
     """torch CPU threads (0: torch's default)."""
+    download: bool = False
+    """Fetch a Minari dataset that is not on this machine (e.g. mujoco/hopper/medium-v0) from Minari's remote, as
+    the algorithms' --data.download does."""
     cache_dir: Optional[str] = None
     """Where trained models are kept (default: $OFFRL_MODELS or ~/.cache/offrl/models)."""
     retrain: bool = False
@@ -164,7 +167,11 @@ def cache_folder(dataset: Dataset, cfg: EnsembleConfig, seed: int, cache_dir: st
     left_out = {NEXT_ROW: "nonterminal", UNKNOWN_AT_EPISODE_ENDS: "without-episode-ends"}
     rows = model_rows(dataset)
     rows_key = checksum if isinstance(rows, slice) else f"{checksum}-{left_out[dataset.metadata['next_observations']]}"
-    return Path(cache_dir or default_cache()) / cache_key(rows_key, cfg, seed)
+    root = Path(cache_dir or default_cache())
+    if root.exists() and not root.is_dir():  # else NotADirectoryError at the lock, or 'not begun' under --status
+        raise OffrlError(f"the dynamics-model cache {root} (--cache-dir, else OFFRL_MODELS or ~/.cache/offrl/models) "
+                         "is a file")
+    return root / cache_key(rows_key, cfg, seed)
 
 
 def model_status(dataset: Dataset, cfg: EnsembleConfig, seed: int = 0, cache_dir: str | Path | None = None) -> str:
@@ -279,8 +286,9 @@ def main(cfg: TrainModelConfig) -> Path | None:
     from offrl.data import load_dataset
     from offrl.data import suite
 
-    if cfg.threads < 0:
-        raise OffrlError(f"--threads {cfg.threads}: 1 or more (0: torch's default)")
+    if cfg.threads < 0 or cfg.seed < 0:
+        raise OffrlError(f"--threads {cfg.threads} --seed {cfg.seed}: neither may be negative (--threads 0: torch's "
+                         "default)")
     check_config(cfg.model, training=True)  # before a cache entry is made for it
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -288,10 +296,11 @@ def main(cfg: TrainModelConfig) -> Path | None:
         if cfg.dataset in suite.known_ids() and not suite.exists(cfg.dataset):
             print(f"{cfg.dataset}: dataset not made yet")
         else:
-            print(f"{cfg.dataset}: {model_status(load_dataset(cfg.dataset), cfg.model, cfg.seed, cfg.cache_dir)}")
+            dataset = load_dataset(cfg.dataset, download=cfg.download)
+            print(f"{cfg.dataset}: {model_status(dataset, cfg.model, cfg.seed, cfg.cache_dir)}")
         return None
     suite.ensure(cfg.dataset)
-    dataset = load_dataset(cfg.dataset)
+    dataset = load_dataset(cfg.dataset, download=cfg.download)
     model, path = load_or_train(dataset, cfg.model, cfg.seed, resolve_device(cfg.device), retrain=cfg.retrain,
                                 cache_dir=cfg.cache_dir, progress=cfg.progress)
     print(f"holdout MSE per member: {', '.join(f'{x:.4g}' for x in model.holdout_mse.tolist())}")

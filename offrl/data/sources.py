@@ -111,7 +111,8 @@ def load_minari(dataset_id: str, download: bool = False) -> Dataset:
     except FileNotFoundError:
         local = ", ".join(sorted(minari.list_local_datasets())) or "none"
         raise DatasetError(dataset_id, f"no local Minari dataset with this id (local: {local}); "
-                           "make one with `offrl datasets make`, or pass --data.download to fetch it") from None
+                           "make one with `offrl datasets make`, or fetch it from Minari's remote (--data.download; "
+                           "world_models.train: --download)") from None
     except Exception as exc:  # minari raises many kinds for corrupt folders and failed downloads
         raise DatasetError(dataset_id, f"cannot load Minari dataset: {_reason(exc)}") from None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import shutil
@@ -52,7 +53,12 @@ class MadeDataset:
 
 
 def datasets_root() -> Path:
-    return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    """Minari's local datasets folder (MINARI_DATASETS_PATH, else ~/.minari/datasets); a file there is refused
+    before a dataset is made or read, not when it is written."""
+    root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
+    if root.exists() and not root.is_dir():
+        raise OffrlError(f"the datasets folder {root} (MINARI_DATASETS_PATH, else ~/.minari/datasets) is a file")
+    return root
 
 
 def local_path(dataset_id: str) -> Path:
@@ -422,7 +428,7 @@ def _recipe(dataset_id: str, info: dict | None = None, builder: "SuiteBuilder | 
 def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None = None) -> dict:
     """Make an offrl dataset; returns its id, checksum, size and generation time in seconds."""
     start = time.perf_counter()
-    if dataset_id not in ("offrl/tiny-v0", STITCH_ID):
+    if dataset_id in known_ids() and dataset_id not in ("offrl/tiny-v0", STITCH_ID):  # an unknown id: _recipe's error
         print(f"making {dataset_id} from the committed behaviour policies (reference scores, then the rollouts)",
               file=sys.stderr, flush=True)
     made = _recipe(dataset_id, builder=builder)
@@ -465,7 +471,15 @@ def local_metadata(dataset_id: str) -> dict:
     path = local_path(dataset_id) / "data" / "metadata.json"
     if not path.exists():
         raise DatasetError(dataset_id, "not on this machine (make it first with `offrl datasets make`)")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+        raw = meta.get("offrl")
+        if isinstance(raw, str):
+            json.loads(raw)
+        return meta
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+        raise DatasetError(dataset_id, f"its {path} cannot be read ({type(exc).__name__}: {exc}); make it again "
+                                       "(`offrl datasets make`) or remove the folder") from None
 
 
 def stored_info(dataset_id: str) -> dict:
@@ -550,6 +564,14 @@ def make_custom(env_id: str, policy_path: str, steps: int, seed: int = 0, determ
 
     if (ref_min_score is None) != (ref_max_score is None):  # before minutes of rollouts; one alone was dropped
         raise OffrlError("give both reference scores (--ref-min-score and --ref-max-score) or neither")
+    if ref_min_score is not None and not (math.isfinite(ref_min_score) and math.isfinite(ref_max_score)
+                                          and ref_min_score != ref_max_score):
+        # what the loader refuses, refused before the rollouts, not after them
+        raise OffrlError(f"--ref-min-score {ref_min_score} --ref-max-score {ref_max_score}: two finite, different "
+                         "returns")
+    if ref_min_score is not None and ref_min_score > ref_max_score:
+        print(f"warning: --ref-min-score {ref_min_score} is above --ref-max-score {ref_max_score}: normalized scores "
+              "will fall as returns rise", file=sys.stderr)
 
     policy = load_policy(policy_path)
     env = gym_spec(env_id)
