@@ -244,7 +244,7 @@ class DT(Stateful):
         self.optimizer = AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
                                fused=device.type in ("cpu", "cuda"))
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / cfg.warmup_steps, 1.0))
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min((s + 1) / max(cfg.warmup_steps, 1), 1.0))
         self._loss = compiled(self.loss, cfg.run.compile)
 
     def loss(self, batch: Segments) -> torch.Tensor:

@@ -94,6 +94,17 @@ class Config(TrainConfig):
     hl_sigma_ratio: float = 0.75
     """HL-Gauss: sigma as a multiple of the bin width."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
+
+    def option_problems(self) -> list[str]:
+        """HL-Gauss's value range, beyond offrl.config.OPTION_RANGES (offrl.run.check_run_options asks)."""
+        if self.critic_loss != "hl-gauss":
+            return []
+        if self.hl_v_min is not None and self.hl_v_max is not None and not self.hl_v_min < self.hl_v_max:
+            return [f"--hl-v-min {self.hl_v_min} --hl-v-max {self.hl_v_max}: the low end below the high one"]
+        if self.gamma >= 1 and (self.hl_v_min is None or self.hl_v_max is None):
+            return [f"--gamma {self.gamma} with --critic-loss hl-gauss: the value range defaults to the rewards' "
+                    "over 1 - gamma; give --hl-v-min and --hl-v-max"]
+        return []
     """Preprocessing: rewards scaled by 1000 / (max - min episode return) and dataset actions clipped, as IQL's
     locomotion setting."""
 

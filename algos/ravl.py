@@ -61,6 +61,11 @@ class Config(ModelBasedConfig):
     eta: float = 1.0
     """Weight of EDAC's gradient-diversity term."""
 
+    def option_problems(self) -> list[str]:
+        """Beyond offrl.config.OPTION_RANGES (offrl.run.check_run_options asks): the diversity term compares
+        critics in pairs (one critic gave NaN losses)."""
+        return [f"--num-critics {self.num_critics}: at least 2"] if self.num_critics < 2 else []
+
 
 def diversity_loss(critic: EnsembleCritic, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """EDAC: 1/(N - 1) mean over the batch of sum_{i != j} <g_i, g_j> of the critics' normalized action

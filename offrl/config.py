@@ -4,8 +4,9 @@ adds its own hyperparameters; tyro turns the field docstrings into `--help`."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
@@ -192,6 +193,73 @@ class TrainConfig(RunConfigBase):
     """Train these seeds in one process as one batched model, each in its own run folder (offrl/multiseed.py;
     BC, TD3+BC and IQL so far); --seed is then ignored."""
     data: DataConfig = field(default_factory=DataConfig)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(low: int):
+    return lambda x: isinstance(x, int) and x >= low
+
+
+# Ranges of algorithm options, by field name wherever a config has one (nested sections too: --rcsl.*,
+# --behaviour.*, --model.*); None means "the default" or "off" and is not checked. Each of these values was
+# accepted and then crashed mid-run (a division by zero, a shape error) or trained into nothing meaningful without
+# a word (a negative learning rate is gradient ascent, tau 0 a target that never moves, a negative penalty a bonus).
+OPTION_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "gamma": (lambda x: _finite(x) and 0 <= x <= 1, "a discount in [0, 1]"),
+    "tau": (lambda x: _finite(x) and 0 < x <= 1, "a Polyak rate in (0, 1]"),
+    "expectile": (lambda x: _finite(x) and 0 < x < 1, "in (0, 1)"),
+    "quantile": (lambda x: _finite(x) and 0 <= x <= 1, "in [0, 1]"),
+    "dropout": (lambda x: _finite(x) and 0 <= x < 1, "a probability in [0, 1)"),
+    "actor_dropout": (lambda x: _finite(x) and 0 <= x < 1, "a probability in [0, 1)"),
+    "holdout_ratio": (lambda x: _finite(x) and 0 < x < 1, "a fraction in (0, 1)"),
+    "hidden": (lambda x: all(_count(1)(w) for w in x), "every width at least 1"),
+    "widths": (lambda x: all(_count(1)(w) for w in x), "every width at least 1"),
+    "time_dim": (lambda x: _count(4)(x) and x % 2 == 0, "even and at least 4 (a sinusoidal embedding)"),
+    "hl_bins": (_count(2), "at least 2"),
+    "num_samples": (_count(2), "at least 2 (a standard deviation over samples)"),
+    **{name: (_count(1), "at least 1") for name in (
+        "batch_size", "num_critics", "critic_subsample", "n_actions", "policy_freq", "buffer_size", "utd", "embed_dim",
+        "max_timestep", "holdout_every", "patience", "rollout_every", "rollout_length", "retain_epochs",
+        "rollout_batch", "horizon", "num_trajectories", "max_rollout_epochs", "diffusion_steps", "components")},
+    **{name: (_count(0), "0 or more") for name in ("warmup_steps", "learning_starts", "actor_every", "bc_steps")},
+    **{name: (lambda x: _finite(x) and x > 0, "must be > 0") for name in (
+        "init_alpha", "temperature", "sigma", "rtg_scale", "hl_sigma_ratio", "exp_adv_max", "grad_clip")},
+    **{name: (lambda x: _finite(x) and x >= 0, "finite and not negative") for name in (
+        "alpha", "beta", "cql_alpha", "eta", "penalty_coef", "policy_noise", "noise_clip", "weight_decay")},
+    "target_clip": (lambda x: len(x) == 2 and all(map(_finite, x)) and x[0] < x[1], "a low and a higher high"),
+}
+"""Field name -> (whether a value is in range, what the range is); names ending in `lr` are learning rates (> 0)."""
+
+
+def option_range_problems(cfg, prefix: str = "") -> list[str]:
+    """'--option value: range' for each algorithm option of `cfg` (a Config dataclass, walked into its sections
+    but for data, eval, log and run, which `offrl.run.check_run_options` and the data loader check) that is out of
+    its range in OPTION_RANGES."""
+    problems = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            if not (prefix == "" and f.name in ("data", "eval", "log", "run")):
+                problems += option_range_problems(value, f"{prefix}{f.name}.")
+            continue
+        learning_rate = (f.name == "lr" or f.name.endswith("_lr")) and not isinstance(value, bool)  # not --cosine-actor-lr
+        rule = OPTION_RANGES.get(f.name) or ((lambda x: _finite(x) and x > 0, "a positive learning rate")
+                                            if learning_rate else None)
+        if rule is None or value is None or (isinstance(value, tuple) and f.name == "weight_decay"):
+            continue  # --model.weight-decay (one per layer) is world_models.ensemble.check_config's
+        try:
+            ok = rule[0](value)
+        except TypeError:  # a value of another type than the rule reads (e.g. a tuple where a number goes)
+            ok = False
+        if not ok:
+            shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
+            problems.append(f"--{prefix}{f.name.replace('_', '-')} {shown}: {rule[1]}")
+    if prefix == "" and hasattr(cfg, "option_problems"):  # an algorithm's own rules across options
+        problems += cfg.option_problems()
+    return problems
 
 
 def refuse_unused_options(unused: list[tuple[str, str]], remedy: str = "add the switch or drop the option") -> None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from offrl import checkpoint as ckpt
-from offrl.config import from_dict, resolve_device, to_dict
+from offrl.config import from_dict, option_range_problems, resolve_device, to_dict
 from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, StopRequested, TrainingDiverged
 from offrl.evaluation import evaluate
@@ -135,6 +135,7 @@ def check_run_options(cfg: Any, total_steps: int, phased: bool = False) -> None:
         problems.append(f"--run.threads {cfg.run.threads}: 1 or more (0: torch's default)")
     if getattr(cfg, "batch_size", 1) < 1:
         problems.append(f"--batch-size {cfg.batch_size}: a batch holds at least one row")
+    problems += [p for p in option_range_problems(cfg) if not p.startswith("--batch-size ")]
     if cfg.log.wandb != "disabled" and importlib.util.find_spec("wandb") is None:
         problems.append(f"--log.wandb {cfg.log.wandb} needs the wandb package, which is not installed here "
                         "(pip install wandb; or --log.wandb disabled: metrics.jsonl is written either way)")

@@ -103,6 +103,10 @@ def test_help_documents_every_option(algo):
     ("bc", ["--frac", "0"], "--frac 0"),
     ("iql", ["--data.reward-scale", "nan"], "--data.reward-scale nan"),
     ("dt", ["--heads", "3", "--embed-dim", "16"], "--heads 3"),
+    ("td3_bc", ["--policy-freq", "0"], "--policy-freq 0: at least 1"),  # a ZeroDivisionError mid-run
+    ("iql", ["--critic-loss", "hl-gauss", "--gamma", "1"], "give --hl-v-min and --hl-v-max"),
+    ("mopo", ["--rollout-length", "0"], "--rollout-length 0: at least 1"),  # ran at the default, recorded 0
+    ("mbrcsl", ["--num-trajectories", "0"], "--num-trajectories 0"),  # an error only after behaviour cloning
 ])
 def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, tmp_path, algo, options, says):
     result = run_cli(PYTHON, "-m", f"algos.{algo}", "--steps", "20", "--log.wandb", "disabled",
@@ -110,6 +114,62 @@ def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, 
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error:") and says in result.stderr, result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+ALGOS_WITH_CONFIG = ("bc", "td3_bc", "sac", "iql", "riql", "cql", "dt", "rcsl", "mopo", "mobile", "ravl", "mbrcsl", "wsrl")
+
+
+@pytest.mark.parametrize("algo, options, says", [
+    # each was accepted, then crashed mid-run (a division by zero, a shape or range error in torch)...
+    ("iql", {"num_critics": 0}, "--num-critics 0: at least 1"), ("cql", {"critic_subsample": 0}, "--critic-subsample 0"),
+    ("dt", {"dropout": 1.5}, "--dropout 1.5: a probability in [0, 1)"), ("riql", {"quantile": 1.5}, "--quantile 1.5"),
+    ("riql", {"sigma": 0.0}, "--sigma 0.0: must be > 0"), ("cql", {"n_actions": 0}, "--n-actions 0"),
+    ("sac", {"init_alpha": 0.0}, "--init-alpha 0.0"), ("sac", {"buffer_size": 0}, "--buffer-size 0"),
+    ("td3_bc", {"hidden": (0,)}, "--hidden 0: every width at least 1"), ("dt", {"max_timestep": 0}, "--max-timestep 0"),
+    ("rcsl", {"holdout_every": 0}, "--holdout-every 0"), ("rcsl", {"holdout_ratio": 1.0}, "--holdout-ratio 1.0"),
+    ("mopo", {"rollout_every": 0}, "--rollout-every 0"), ("mopo", {"retain_epochs": 0}, "--retain-epochs 0"),
+    ("iql", {"critic_loss": "hl-gauss", "hl_bins": 1}, "--hl-bins 1: at least 2"),
+    ("iql", {"critic_loss": "hl-gauss", "hl_v_min": 5.0, "hl_v_max": -5.0}, "--hl-v-min 5.0 --hl-v-max -5.0"),
+    ("mbrcsl", {"horizon": 0}, "--horizon 0"), ("mbrcsl", {"behaviour": {"time_dim": 2}}, "--behaviour.time-dim 2"),
+    ("mbrcsl", {"rcsl": {"holdout_every": 0}}, "--rcsl.holdout-every 0"),
+    # ... gave NaN losses that read as a divergence ...
+    ("cql", {"temperature": 0.0}, "--temperature 0.0"), ("rcsl", {"rtg_scale": 0.0}, "--rtg-scale 0.0"),
+    ("mobile", {"num_samples": 1}, "--num-samples 1"), ("ravl", {"num_critics": 1}, "--num-critics 1: at least 2"),
+    # ... or trained silently into nothing meaningful
+    ("bc", {"lr": -1.0}, "--lr -1.0: a positive learning rate"), ("sac", {"alpha_lr": 0.0}, "--alpha-lr 0.0"),
+    ("td3_bc", {"gamma": 1.5}, "--gamma 1.5: a discount in [0, 1]"), ("td3_bc", {"tau": 0.0}, "--tau 0.0"),
+    ("td3_bc", {"alpha": -1.0}, "--alpha -1.0"), ("td3_bc", {"noise_clip": -1.0}, "--noise-clip -1.0"),
+    ("iql", {"expectile": 1.5}, "--expectile 1.5: in (0, 1)"), ("iql", {"beta": -1.0}, "--beta -1.0"),
+    ("riql", {"target_clip": (100.0, -100.0)}, "--target-clip 100.0 -100.0"), ("cql", {"cql_alpha": -5.0}, "--cql-alpha"),
+    ("dt", {"grad_clip": -1.0}, "--grad-clip -1.0"), ("dt", {"warmup_steps": -10}, "--warmup-steps -10"),
+    ("ravl", {"eta": -1.0}, "--eta -1.0"), ("mopo", {"penalty_coef": -1.0}, "--penalty-coef -1.0"),
+    ("sac", {"actor_every": -5}, "--actor-every -5"),
+])
+def test_option_values_out_of_range_are_named(algo, options, says):
+    import importlib
+
+    from offrl.config import option_range_problems
+
+    config = importlib.import_module(f"algos.{algo}").Config
+    sections = {k: dataclasses.replace(getattr(config(), k), **v) for k, v in options.items() if isinstance(v, dict)}
+    problems = option_range_problems(config(**{**options, **sections}))
+    assert len(problems) == 1 and problems[0].startswith(says), problems
+
+
+def test_every_default_config_is_in_range_and_edge_values_that_mean_something_pass():
+    import importlib
+
+    from offrl.config import option_range_problems
+
+    for algo in ALGOS_WITH_CONFIG:
+        assert option_range_problems(importlib.import_module(f"algos.{algo}").Config()) == [], algo
+    from algos import dt, iql, td3_bc
+
+    # gamma 0 (myopic), tau 1 (a hard copy), beta 0 (IQL as BC), no DT warm-up: well defined
+    assert option_range_problems(td3_bc.Config(gamma=0.0, tau=1.0, alpha=0.0)) == []
+    assert option_range_problems(iql.Config(beta=0.0, cosine_actor_lr=False)) == []
+    assert option_range_problems(dt.Config(warmup_steps=0)) == []
+    assert option_range_problems(iql.Config(critic_loss="hl-gauss", gamma=1.0, hl_v_min=-1.0, hl_v_max=1.0)) == []
 
 
 def test_wandb_logging_without_the_wandb_package_is_one_error_up_front(monkeypatch):
