@@ -95,15 +95,16 @@ def check_config(cfg: EnsembleConfig, training: bool = False) -> None:
     if not all(width >= 1 for width in cfg.hidden):
         raise OffrlError(f"--model.hidden {' '.join(map(str, cfg.hidden))}: every width at least 1")
     if training:  # each of these trained without an error into a useless model, cached as trained, or crashed
-        bad = [f"--model.{name} {value}" for name, value, ok in (
-            ("batch-size", cfg.batch_size, cfg.batch_size >= 1), ("patience", cfg.patience, cfg.patience >= 1),
-            ("lr", cfg.lr, math.isfinite(cfg.lr) and cfg.lr > 0),
-            ("weight-decay", " ".join(map(str, cfg.weight_decay)), all(math.isfinite(w) and w >= 0 for w in cfg.weight_decay)),
-            ("improvement", cfg.improvement, math.isfinite(cfg.improvement) and cfg.improvement >= 0),
-            ("logvar-loss-coef", cfg.logvar_loss_coef, math.isfinite(cfg.logvar_loss_coef))) if not ok]
+        from offrl.config import option_range_problems  # batch size, patience, learning rate: as every option's
+
+        bad = option_range_problems(cfg, "model.") + [f"--model.{name} {value}: {why}" for name, value, ok, why in (
+            ("weight-decay", " ".join(map(str, cfg.weight_decay)), all(math.isfinite(w) and w >= 0 for w in cfg.weight_decay),
+             "each finite and not negative"),
+            ("improvement", cfg.improvement, math.isfinite(cfg.improvement) and cfg.improvement >= 0,
+             "finite and not negative"),
+            ("logvar-loss-coef", cfg.logvar_loss_coef, math.isfinite(cfg.logvar_loss_coef), "finite")) if not ok]
         if bad:
-            raise OffrlError(f"{'; '.join(bad)}: batch size and patience at least 1, a positive learning rate, "
-                             "weight decays and improvement finite and not negative, a finite log-variance coefficient")
+            raise OffrlError("; ".join(bad))
     if training and cfg.max_epochs is not None and cfg.max_epochs < 1:
         # 0 would stop before the first epoch and pick elites from the initial weights (OfflineRL-Kit reads 0 as
         # no cap; here that is leaving the option out)
