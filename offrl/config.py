@@ -302,11 +302,38 @@ def from_dict(cls: type, values: dict, where: str = "config"):
         raise OffrlError(f"{where}: unknown field(s) {', '.join(unknown)} for {cls.__module__}.{cls.__qualname__} "
                          f"(saved by another version of offrl?)")
     kwargs = {}
+    annotations = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     for name, value in values.items():
         default = getattr(defaults, name)
-        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+        if not _fits(default, value, annotations[name]):  # e.g. {"steps": "abc"}: a traceback later, or none at all
+            raise OffrlError(f"{where}.{name}: {value!r} is not a value of this option (its default: {default!r})")
+        if dataclasses.is_dataclass(default):
             value = from_dict(type(default), value, f"{where}.{name}")
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _fits(default, value, annotation: str) -> bool:
+    """Whether a JSON value can stand for a field with this default and type annotation (a string, as the
+    configs' `from __future__ import annotations` leaves it): a section is an object, a number a number (an int
+    field an int), a string a string, a tuple a list; None only where the annotation allows it. A field whose
+    default is None has no type to compare with here and takes any value."""
+    if value is None:
+        return default is None or "None" in annotation or "Optional" in annotation
+    if default is None:
+        return True
+    if dataclasses.is_dataclass(default):
+        return isinstance(value, dict)
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool) or ("float" in annotation and isinstance(value, float))
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, tuple):
+        return isinstance(value, (list, tuple))
+    return True

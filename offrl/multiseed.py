@@ -40,8 +40,8 @@ from offrl.evaluation import evaluate
 def seed_configs(cfg) -> list:
     """One config per seed, as a single-seed run of that seed has it (no `seeds`)."""
     seeds = list(cfg.seeds)
-    if len(set(seeds)) != len(seeds):
-        raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: a seed is given twice")
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:  # a negative one failed after the first seed's folder
+        raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: each seed 0 or more, none given twice")
     if cfg.log.name:  # one name for several seeds' folders: a resume would take one seed's for another's
         raise OffrlError("--seeds with --log.name: each seed's run folder is named <seed>-<time>; leave --log.name out")
     data = getattr(cfg, "data", None)
@@ -258,7 +258,13 @@ class SeedRuns:
         from offrl.run import Run
 
         # the records open once the seeds are known to resume together: a refused resume changes no folder
-        self.runs = [Run(algo, c, data, concurrent=True, open_records=False) for c in cfgs]
+        self.runs = []
+        try:
+            for c in cfgs:
+                self.runs.append(Run(algo, c, data, concurrent=True, open_records=False))
+        except BaseException:  # a later seed refused (e.g. its checkpoint damaged): the earlier ones let go too
+            self._let_go()
+            raise
         for run in self.runs:
             run.process_share = 1 / len(self.runs)
         starts = {r.start_step for r in self.runs}

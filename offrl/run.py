@@ -785,7 +785,16 @@ def parse_config(config_cls: type, argv: list[str], prog: str | None = None):
     config_path, argv = _split_config_option(list(argv))
     default = saved_config(config_cls, config_path) if config_path is not None else tyro.MISSING_NONPROP
     # (the Configs' docstrings are dataclasses' signatures, which tyro leaves out)
-    return tyro.cli(config_cls, args=argv, prog=prog, default=default, description=CONFIG_OPTION_HELP)
+    cfg = tyro.cli(config_cls, args=argv, prog=prog, default=default, description=CONFIG_OPTION_HELP)
+    if config_path is not None and cfg.resume is not None and cfg.log.name is None:
+        # --config resets log.name and run.out_dir, so 'latest' found another run than the saved one, silently
+        # (a sweep names each run's folder with --log.name: that resume is its own run's)
+        raise OffrlError(f"--config {config_path} with --resume {cfg.resume}: --config starts a new run from a saved "
+                         "run's options, --resume continues a run with its own; give one of them (or --log.name "
+                         "for the folder to continue)")
+    if getattr(cfg, "seeds", None) is not None and not cfg.seeds:  # a bare --seeds trained seed 0 and recorded []
+        raise OffrlError("--seeds without a seed: give one or more (--seeds 0 1 2), or leave it out for --seed")
+    return cfg
 
 
 def cli_main(config_cls: type, train: Callable[[Any], dict], argv: list[str] | None = None, prog: str | None = None) -> None:

@@ -116,6 +116,33 @@ def test_bad_option_values_get_one_error_line_before_a_run_folder_is_made(tiny, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_config_files_and_options_that_cannot_work_together(tmp_path):
+    """--config with --resume continued another run than the saved one, silently (--config resets the folder's
+    name); a bare --seeds trained seed 0 and recorded seeds [], which later resumes tripped on; a --config JSON
+    with a value of the wrong type gave a traceback, or none (a section replaced by its defaults)."""
+    from algos import bc
+    from offrl.config import from_dict, to_dict
+    from offrl.errors import OffrlError
+    from offrl.run import parse_config
+
+    saved = tmp_path / "run"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps(to_dict(bc.Config())))
+    with pytest.raises(OffrlError, match="--config .* with --resume latest: .* give one of them"):
+        parse_config(bc.Config, ["--config", str(saved), "--resume", "latest"])
+    assert parse_config(bc.Config, ["--config", str(saved)]).resume is None
+    named = parse_config(bc.Config, ["--config", str(saved), "--resume", "auto", "--log.name", "0-sweep"])  # a sweep's
+    assert named.resume == "auto" and named.log.name == "0-sweep"
+    with pytest.raises(OffrlError, match="--seeds without a seed"):
+        parse_config(bc.Config, ["--seeds"])
+    for values, says in (({"steps": "abc"}, "t.steps: 'abc'"), ({"steps": None}, "t.steps: None"),
+                         ({"data": None}, "t.data: None"), ({"eval": 5}, "t.eval: 5"), ({"steps": 1.5}, "t.steps: 1.5"),
+                         ({"hidden": 16}, "t.hidden: 16"), ({"data": {"normalize_states": "yes"}}, "t.data.normalize_states")):
+        with pytest.raises(OffrlError, match=re.escape(says)):
+            from_dict(bc.Config, values, "t")
+    assert from_dict(bc.Config, {"lr": 1, "frac": 1, "hidden": [16, 16], "seeds": None}, "t").hidden == (16, 16)
+
+
 ALGOS_WITH_CONFIG = ("bc", "td3_bc", "sac", "iql", "riql", "cql", "dt", "rcsl", "mopo", "mobile", "ravl", "mbrcsl", "wsrl")
 
 

@@ -76,7 +76,7 @@ def test_seeds_errors(tiny, tmp_path):
     assert other.returncode == 1 and "does not train seeds as one batched model yet" in other.stderr
     twice = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "0", "--steps", "10", "--run.out-dir", str(tmp_path),
                     check=False)
-    assert twice.returncode == 1 and "a seed is given twice" in twice.stderr and "Traceback" not in twice.stderr
+    assert twice.returncode == 1 and "none given twice" in twice.stderr and "Traceback" not in twice.stderr
     dropout = run_cli(PYTHON, "-m", "algos.iql", "--seeds", "0", "1", "--actor-dropout", "0.1", "--steps", "10",
                       "--run.out-dir", str(tmp_path), check=False)
     assert dropout.returncode == 1 and "--actor-dropout 0.1: dropout is not drawn per seed" in dropout.stderr
@@ -149,6 +149,34 @@ def test_seeds_whose_records_fail_to_open_let_go_of_everything(tiny, tmp_path, m
         bc.train_seeds(cfg)
     assert {sig: signal.getsignal(sig) for sig in before} == before
     assert len(opened) == 1 and opened[0]._file.closed and not list(tmp_path.glob("bc/*/*"))
+
+
+def test_a_later_seed_refused_while_the_runs_are_built_leaves_no_folder(tiny, tmp_path, monkeypatch):
+    """A seed whose Run is refused (e.g. its checkpoint damaged under --resume auto) after an earlier seed's folder
+    was made: that folder is removed and the process's handlers are back (an empty folder was left before)."""
+    import signal
+
+    from algos import bc
+    from offrl import run as offrl_run
+    from offrl.errors import OffrlError
+    from offrl.multiseed import seed_configs
+
+    real_init = offrl_run.Run.__init__
+
+    def init(self, algo, cfg, *args, **kwargs):
+        if cfg.seed == 1:
+            raise OffrlError("seed 1's checkpoint is damaged")
+        real_init(self, algo, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(offrl_run.Run, "__init__", init)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    cfg = bc.Config(steps=20, seeds=[0, 1])
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    with pytest.raises(OffrlError, match="damaged"):
+        bc.train_seeds(cfg)
+    assert {sig: signal.getsignal(sig) for sig in before} == before and not list(tmp_path.glob("bc/*/*"))
+    with pytest.raises(OffrlError, match="--seeds 0 -1: each seed 0 or more"):
+        seed_configs(bc.Config(seeds=[0, -1]))
 
 
 def test_seeds_whose_checkpoints_are_at_different_steps_are_refused_and_leave_no_new_folder(tiny, tmp_path):
