@@ -94,6 +94,8 @@ class Config(TrainConfig):
     hl_sigma_ratio: float = 0.75
     """HL-Gauss: sigma as a multiple of the bin width."""
     data: DataConfig = field(default_factory=lambda: DataConfig(normalize_reward=True, clip_actions=True))
+    """Preprocessing: rewards scaled by 1000 / (max - min episode return) and dataset actions clipped, as IQL's
+    locomotion setting."""
 
     def option_problems(self) -> list[str]:
         """HL-Gauss's value range, beyond offrl.config.OPTION_RANGES (offrl.run.check_run_options asks)."""
@@ -105,8 +107,6 @@ class Config(TrainConfig):
             return [f"--gamma {self.gamma} with --critic-loss hl-gauss: the value range defaults to the rewards' "
                     "over 1 - gamma; give --hl-v-min and --hl-v-max"]
         return []
-    """Preprocessing: rewards scaled by 1000 / (max - min episode return) and dataset actions clipped, as IQL's
-    locomotion setting."""
 
     @property
     def schedule_spans_steps(self) -> bool:

@@ -40,7 +40,7 @@ from offrl.evaluation import evaluate
 def seed_configs(cfg) -> list:
     """One config per seed, as a single-seed run of that seed has it (no `seeds`)."""
     seeds = list(cfg.seeds)
-    if len(set(seeds)) != len(seeds) or min(seeds) < 0:  # a negative one failed after the first seed's folder
+    if len(set(seeds)) != len(seeds) or min(seeds, default=0) < 0:  # a negative one failed after the first seed's folder
         raise OffrlError(f"--seeds {' '.join(map(str, seeds))}: each seed 0 or more, none given twice")
     if cfg.log.name:  # one name for several seeds' folders: a resume would take one seed's for another's
         raise OffrlError("--seeds with --log.name: each seed's run folder is named <seed>-<time>; leave --log.name out")
