@@ -124,15 +124,21 @@ def test_a_model_path_run_resumes_after_its_model_file_is_gone(tiny, tmp_path, m
             assert f"--model-path {model_file} is gone: put it back" in resumed.stderr
             assert "does not fit one built from the --model options (Missing key(s)" in resumed.stderr  # 4 layers, not 2
     # options the file makes unused: refused before a run folder is made (the file's config builds the model)
-    hidden = FAST.index("--model.hidden")
-    other = [*FAST[:hidden], "--model.hidden", "8", "8", *FAST[hidden + 3:], "--model.compile", "--model-seed", "3",
-             "--retrain-model"]
-    refused = run_cli(PYTHON, "-m", "algos.mopo", "--steps", "40", *other, "--model-path", str(model_file),
-                      "--run.out-dir", str(tmp_path / "refused"), check=False)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr and not (tmp_path / "refused").exists()
+    import dataclasses
+
+    from algos import mopo
+    from offrl.errors import OffrlError
+    from offrl.run import parse_config
+
+    cfg = parse_config(mopo.Config, ["--steps", "40", *FAST, "--model-path", str(model_file), "--run.out-dir",
+                                     str(tmp_path / "refused"), "--model-seed", "3", "--retrain-model"])
+    cfg.model = dataclasses.replace(cfg.model, hidden=(8, 8), compile=True)
+    with pytest.raises(OffrlError) as refused:  # in process: it stops before a run folder, as the CLI does
+        mopo.train(cfg)
     assert ("--model-seed does nothing with --model-path; --retrain-model does nothing with --model-path; "
             "--model.hidden (8, 8) differs from the --model-path file's (16, 16); --model.compile True differs from "
-            "the --model-path file's False") in refused.stderr, refused.stderr
+            "the --model-path file's False") in str(refused.value)
+    assert not (tmp_path / "refused").exists()
     assert not list(model_cache.glob("*/model.pt"))  # none trained
 
 
