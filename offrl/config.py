@@ -220,8 +220,9 @@ OPTION_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "time_dim": (lambda x: _count(4)(x) and x % 2 == 0, "even and at least 4 (a sinusoidal embedding)"),
     "hl_bins": (_count(2), "at least 2"),
     "num_samples": (_count(2), "at least 2 (a standard deviation over samples)"),
+    "batch_size": (_count(1), "a batch holds at least one row"),
     **{name: (_count(1), "at least 1") for name in (
-        "batch_size", "num_critics", "critic_subsample", "n_actions", "policy_freq", "buffer_size", "utd", "embed_dim",
+        "num_critics", "critic_subsample", "n_actions", "policy_freq", "buffer_size", "utd", "embed_dim",
         "max_timestep", "holdout_every", "patience", "rollout_every", "rollout_length", "retain_epochs",
         "rollout_batch", "horizon", "num_trajectories", "max_rollout_epochs", "diffusion_steps", "components")},
     **{name: (_count(0), "0 or more") for name in ("warmup_steps", "learning_starts", "actor_every", "bc_steps")},

@@ -133,9 +133,7 @@ def check_run_options(cfg: Any, total_steps: int, phased: bool = False) -> None:
                         "offset + i, which must not be negative")
     if cfg.run.threads < 0:
         problems.append(f"--run.threads {cfg.run.threads}: 1 or more (0: torch's default)")
-    if getattr(cfg, "batch_size", 1) < 1:
-        problems.append(f"--batch-size {cfg.batch_size}: a batch holds at least one row")
-    problems += [p for p in option_range_problems(cfg) if not p.startswith("--batch-size ")]
+    problems += option_range_problems(cfg)  # the algorithm's options: learning rates, discounts, batch sizes, ...
     if cfg.log.wandb != "disabled" and importlib.util.find_spec("wandb") is None:
         problems.append(f"--log.wandb {cfg.log.wandb} needs the wandb package, which is not installed here "
                         "(pip install wandb; or --log.wandb disabled: metrics.jsonl is written either way)")
