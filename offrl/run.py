@@ -369,11 +369,13 @@ class Run:
             return path, ckpt.run_checkpoint(path)
         if path.is_file():
             # only a checkpoint inside a run folder (<run>/checkpoints/<file>): a copy elsewhere would make its
-            # grandparent folder, whatever it holds, the run folder that is then written to
-            if path.parent.name != "checkpoints" or not (path.parent.parent / "config.json").is_file():
+            # grandparent folder, whatever it holds, the run folder that is then written to. A run folder whose
+            # config.json was lost still counts (as it does given as a folder): its other records say what it is
+            records = ("config.json", "metrics.jsonl", "environment.json")
+            if path.parent.name != "checkpoints" or not any((path.parent.parent / r).is_file() for r in records):
                 raise CheckpointError(f"--resume {resume}: not a checkpoint inside a run folder "
-                                      "(<run>/checkpoints/<file> beside <run>/config.json); copy the whole run "
-                                      "folder to resume elsewhere")
+                                      "(<run>/checkpoints/<file> beside the run's config.json or metrics.jsonl); copy "
+                                      "the whole run folder to resume elsewhere")
             return path.parent.parent, path
         if path.is_dir():
             raise CheckpointError(f"--resume {resume}: a folder without a checkpoint (checkpoints/last.pt): the run "

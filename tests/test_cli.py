@@ -241,6 +241,11 @@ def test_resume_takes_only_its_own_run_folder(tiny, tmp_path):
     again = run_cli(*common, "--steps", "60", "--log.name", "0-crashed", "--resume", "auto")
     assert "0-crashed-1" in again.stdout and not (short.parent / "0-crashed-2").exists()
     assert json.loads((short.parent / "0-crashed-1" / "final.json").read_text())["steps"] == 60
+    # its config.json lost: resumed from its checkpoint file as from its folder (the file was refused before)
+    (short.parent / "0-crashed-1" / "config.json").unlink()
+    run_cli(*common, "--steps", "90", "--resume", str(short.parent / "0-crashed-1" / "checkpoints" / "last.pt"))
+    assert json.loads((short.parent / "0-crashed-1" / "final.json").read_text())["steps"] == 90
+    assert (short.parent / "0-crashed-1" / "config.json").is_file()
     result = run_cli(*common, "--steps", "30", "--seeds", "0", "1", "--log.name", "both", check=False)
     assert result.returncode != 0 and "--seeds with --log.name" in result.stderr, result.stderr
 
