@@ -367,6 +367,15 @@ def test_npz_missing_key_and_misplaced_terminal(tmp_path):
     bad = ds.replace(terminals=np.eye(1, len(ds), 1, dtype=np.float32)[0])  # terminal on row 1, mid-episode
     with pytest.raises(DatasetError, match="terminals"):
         bad.validate()
+    # a file that is no archive at all is said to be that, a pickle to be a pickle (numpy takes both for pickles)
+    import pickle
+
+    (tmp_path / "text.npz").write_text("observations,actions\n")
+    with pytest.raises(DatasetError, match="not an .npz archive"):
+        load_dataset(str(tmp_path / "text.npz"))
+    (tmp_path / "pickled.npz").write_bytes(pickle.dumps(arrays))
+    with pytest.raises(DatasetError, match="it is a pickle"):
+        load_dataset(str(tmp_path / "pickled.npz"))
 
 
 def test_dims_that_do_not_match_the_env(tmp_path):

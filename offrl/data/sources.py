@@ -554,9 +554,14 @@ def load_npz(path: Path) -> Dataset:
     try:
         archive = np.load(path, allow_pickle=False)
     except Exception as exc:
-        if "pickle" in str(exc):  # numpy refuses a pickle file when allow_pickle=False
-            raise DatasetError(source, "cannot read file as .npz: it is a pickle, and offrl never unpickles data files "
-                               "(unpickling can run code); save the arrays with np.savez") from None
+        if "pickle" in str(exc):  # numpy takes any file that is neither a zip nor an .npy for a pickle
+            with open(path, "rb") as f:
+                pickled = f.read(1) == b"\x80"  # a pickle's protocol opcode (protocols 2 and up)
+            if pickled:
+                raise DatasetError(source, "cannot read file as .npz: it is a pickle, and offrl never unpickles data "
+                                   "files (unpickling can run code); save the arrays with np.savez") from None
+            raise DatasetError(source, "cannot read file as .npz: not an .npz archive (np.savez writes a zip of "
+                               ".npy arrays)") from None
         raise DatasetError(source, f"cannot read file as .npz: {_reason(exc)}") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DatasetError(source, "cannot read file as .npz: it holds a single .npy array, not an archive of named "
