@@ -387,6 +387,17 @@ def test_corrupted_data_without_a_corruption_seed_says_each_seed_trains_its_mode
         assert ("each seed of mopo trains (and caches) a dynamics model of its own" in capsys.readouterr().err) == noted
 
 
+def test_an_empty_offrl_models_means_the_default_cache(monkeypatch):
+    from pathlib import Path
+
+    from world_models.train import default_cache
+
+    monkeypatch.setenv("OFFRL_MODELS", "")  # an empty shell variable: it cached models in the working folder
+    assert default_cache() == Path.home() / ".cache" / "offrl" / "models"
+    monkeypatch.setenv("OFFRL_MODELS", "/elsewhere")
+    assert default_cache() == Path("/elsewhere")
+
+
 def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):
     """--status: 'not begun', 'stopped' / 'training now' (the entry's lock held) at the epochs checkpointed in
     training.pt, 'trained' with its epochs; it makes no cache entry, trains nothing and waits for no lock."""

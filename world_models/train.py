@@ -47,7 +47,9 @@ FORMAT = "offrl-dynamics-v1"
 
 
 def default_cache() -> Path:
-    return Path(os.environ.get("OFFRL_MODELS", Path.home() / ".cache" / "offrl" / "models"))
+    """$OFFRL_MODELS, else ~/.cache/offrl/models (an empty OFFRL_MODELS too: it cached models in the working
+    folder, as Path("") is ".")."""
+    return Path(os.environ.get("OFFRL_MODELS") or Path.home() / ".cache" / "offrl" / "models")
 
 
 @dataclass
