@@ -83,6 +83,15 @@ def test_seeds_errors(tiny, tmp_path):
     assert "Traceback" not in dropout.stderr
 
 
+def two_bc_seeds(out_dir):
+    """BC seeds 0 and 1 as one batched run, 20 steps, evaluated at the end only, into `out_dir`."""
+    from algos import bc
+
+    cfg = bc.Config(steps=20, seeds=[0, 1])
+    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(out_dir)
+    return cfg
+
+
 def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_path):
     """Each seed's Run saves the handler it finds (the previous seed's run's for all but the first); when they
     finish, the process's own handlers are back, so a later Ctrl-C is not swallowed by a finished run."""
@@ -91,8 +100,7 @@ def test_a_multi_seed_run_gives_the_process_its_signal_handlers_back(tiny, tmp_p
     from algos import bc
 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    cfg = bc.Config(steps=20, seeds=[0, 1])
-    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    cfg = two_bc_seeds(tmp_path)
     bc.train_seeds(cfg)
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
@@ -116,8 +124,7 @@ def test_a_signal_while_a_later_seeds_run_is_built_stops_every_seed(tiny, tmp_pa
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(offrl_run.Run, "__init__", init)
-    cfg = bc.Config(steps=20, seeds=[0, 1])
-    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    cfg = two_bc_seeds(tmp_path)
     with pytest.raises(SystemExit) as stopped:
         bc.train_seeds(cfg)
     assert stopped.value.code == 128 + signal.SIGTERM
@@ -143,8 +150,7 @@ def test_seeds_whose_records_fail_to_open_let_go_of_everything(tiny, tmp_path, m
 
     monkeypatch.setattr(offrl_run.Run, "open_records", open_records)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cfg = bc.Config(steps=20, seeds=[0, 1])
-    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    cfg = two_bc_seeds(tmp_path)
     with pytest.raises(OSError, match="no space"):
         bc.train_seeds(cfg)
     assert {sig: signal.getsignal(sig) for sig in before} == before
@@ -170,8 +176,7 @@ def test_a_later_seed_refused_while_the_runs_are_built_leaves_no_folder(tiny, tm
 
     monkeypatch.setattr(offrl_run.Run, "__init__", init)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cfg = bc.Config(steps=20, seeds=[0, 1])
-    cfg.eval.every, cfg.eval.episodes, cfg.log.wandb, cfg.run.out_dir = 0, 2, "disabled", str(tmp_path)
+    cfg = two_bc_seeds(tmp_path)
     with pytest.raises(OffrlError, match="damaged"):
         bc.train_seeds(cfg)
     assert {sig: signal.getsignal(sig) for sig in before} == before and not list(tmp_path.glob("bc/*/*"))
