@@ -2,6 +2,7 @@
 best snapshot, elites are the lowest-holdout members, training resumes exactly."""
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -396,6 +397,26 @@ def test_an_empty_offrl_models_means_the_default_cache(monkeypatch):
     assert default_cache() == Path.home() / ".cache" / "offrl" / "models"
     monkeypatch.setenv("OFFRL_MODELS", "/elsewhere")
     assert default_cache() == Path("/elsewhere")
+
+
+@pytest.mark.parametrize("retrain", [False, True])
+def test_a_cache_entry_that_is_a_folder_is_refused_and_left(tiny, tmp_path, retrain):
+    """model.pt (or training.pt) a folder in the cache: one error line, with or without --retrain (a traceback
+    before: IsADirectoryError from the load or from --retrain's unlink), and the folder stays."""
+    from offrl.data import load_dataset
+    from offrl.errors import OffrlError
+    from world_models.train import cache_folder, load_or_train
+
+    dataset = load_dataset(tiny)
+    cfg = EnsembleConfig(members=3, elites=2, hidden=(16,), weight_decay=(0.0, 0.0), max_epochs=1)
+    for name in ("model.pt", "training.pt"):
+        entry = cache_folder(dataset, cfg, 0, tmp_path) / name
+        entry.mkdir(parents=True)
+        (entry / "kept").write_text("x")
+        with pytest.raises(OffrlError, match=f"{name} is not a file; move it away"):
+            load_or_train(dataset, cfg, 0, cache_dir=tmp_path, retrain=retrain, progress=False)
+        assert (entry / "kept").exists()
+        shutil.rmtree(entry)
 
 
 def test_status_says_where_a_cached_model_stands_and_trains_nothing(tiny, tmp_path):

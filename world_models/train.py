@@ -227,6 +227,10 @@ def _load_or_train(dataset: Dataset, cfg: EnsembleConfig, seed: int, device: tor
                    checksum: str, retrain: bool, progress: bool,
                    should_stop: Callable[[], bool] | None = None) -> tuple[DynamicsEnsemble, Path]:
     path, training = folder / "model.pt", folder / "training.pt"
+    for entry in (path, training):  # else a traceback: IsADirectoryError from the load, or --retrain's unlink
+        if entry.exists() and not entry.is_file():
+            raise OffrlError(f"dynamics model cache entry {entry} is not a file; move it away (or pick another "
+                             "--cache-dir) and train again")
     if path.exists() and not retrain:
         if progress:
             print(f"dynamics model: reusing {path}", file=sys.stderr)
