@@ -255,3 +255,21 @@ def test_generation_shows_progress(capsys):
     quiet = SuiteBuilder(show_progress=False)._transitions_progress("quiet", 10)
     quiet(10, 1)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("cbwr", [None, "SSE4_2"])
+def test_made_data_other_than_the_reference_is_warned_of_with_the_mkl_hint(tmp_path, monkeypatch, capsys, cbwr):
+    """A dataset made here with other bytes than the committed reference: a warning with both checksums, and
+    MKL_CBWR's hint (README) unless the variable is set already."""
+    from offrl.data import suite
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    if cbwr:
+        monkeypatch.setenv("MKL_CBWR", cbwr)
+    else:
+        monkeypatch.delenv("MKL_CBWR", raising=False)
+    monkeypatch.setattr(suite, "reference_checksums", lambda: {"offrl/tiny-v0": "0" * 16})
+    made = suite.make("offrl/tiny-v0")
+    err = capsys.readouterr().err
+    assert f"warning: offrl/tiny-v0 made here has checksum {made['checksum']}, the committed reference {'0' * 16}" in err
+    assert ("MKL_CBWR=SSE4_2 in the environment has made some of them" in err) == (cbwr is None)

@@ -442,7 +442,9 @@ def make(dataset_id: str, overwrite: bool = False, builder: SuiteBuilder | None 
         print(f"warning: {dataset_id} made here has checksum {checksum}, the committed reference {reference} "
               f"({reference_checksums_path()}): this machine does not regenerate it exactly (floating-point "
               "differences in the rollouts), so runs on it are not comparable bit for bit with runs on the "
-              "reference data; each run records the checksum it trained on (dataset.json)", file=sys.stderr)
+              "reference data; each run records the checksum it trained on (dataset.json)"
+              + ("" if os.environ.get("MKL_CBWR") else "; on an Intel CPU, MKL_CBWR=SSE4_2 in the environment has "
+                 "made some of them with the reference bytes (README, 'The offrl dataset suite')"), file=sys.stderr)
     return {"id": dataset_id, "checksum": checksum, "seconds": time.perf_counter() - start,
             "episodes": len(made.episodes), "transitions": int(sum(len(e) for e in made.episodes))}
 
