@@ -908,6 +908,36 @@ def test_grid_script_dry_run_covers_the_grid_with_options_the_algorithms_accept(
     assert not (tmp_path / "status").exists()
 
 
+def test_grid_script_makes_data_with_other_bytes_once_more_under_mkl_cbwr_then_refuses_it(tmp_path):
+    """A dataset grid.sh makes with other bytes than the committed reference is made again under
+    MKL_CBWR=SSE4_2 (it reproduces some datasets on Intel CPUs); still other, the grid refuses to run on it and
+    names the fix. A dataset made before is left as it is (no second making on every call)."""
+    import os
+    import subprocess
+
+    from benchmarks import speed
+
+    policies = tmp_path / "policies"  # a reference no machine makes, for the tiny dataset
+    policies.mkdir()
+    (policies / "checksums.json").write_text(json.dumps({"offrl/tiny-v0": "0" * 16}))
+    env = {**{k: v for k, v in os.environ.items() if k not in ("DRY_RUN", "MKL_CBWR")},
+           "MINARI_DATASETS_PATH": str(tmp_path / "minari"), "OFFRL_POLICIES_PATH": str(policies),
+           "ONLY": "bc", "DATASETS": "offrl/tiny-v0"}
+
+    def grid():
+        return subprocess.run(["bash", str(speed.ROOT / "benchmarks" / "grid.sh"), str(tmp_path / "runs")],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    first = grid()
+    assert first.returncode == 2, first.stderr
+    assert "offrl/tiny-v0: made here with other bytes than the committed reference; making it again with " \
+        "MKL_CBWR=SSE4_2" in first.stderr
+    assert "the committed reference is 0000000000000000" in first.stderr and "MKL_CBWR=SSE4_2 in front of" in first.stderr
+    assert not (tmp_path / "runs" / "grid-fast").exists()  # no run started
+    again = grid()
+    assert again.returncode == 2 and "making it again" not in again.stderr
+
+
 def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the_algorithms_accept(tmp_path):
     """benchmarks/wsrl.sh with DRY_RUN=1 runs nothing: a CQL pre-training sweep, then the four online variants
     from each seed's pre-trained run, every run's options parsing for its algorithm; SEEDS runs a subset with
