@@ -191,7 +191,7 @@ class TrainConfig(RunConfigBase):
     """Minari dataset id (e.g. offrl/hopper/medium-v0), D4RL .hdf5 file, or offrl .npz file."""
     seeds: Optional[tuple[int, ...]] = None
     """Train these seeds in one process as one batched model, each in its own run folder (offrl/multiseed.py;
-    BC, TD3+BC and IQL so far); --seed is then ignored."""
+    BC, TD3+BC and IQL so far); --seed beside it is refused (a saved run's seed under --config is left unused)."""
     data: DataConfig = field(default_factory=DataConfig)
 
 

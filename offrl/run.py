@@ -794,6 +794,10 @@ def parse_config(config_cls: type, argv: list[str], prog: str | None = None):
                          "for the folder to continue)")
     if getattr(cfg, "seeds", None) is not None and not cfg.seeds:  # a bare --seeds trained seed 0 and recorded []
         raise OffrlError("--seeds without a seed: give one or more (--seeds 0 1 2), or leave it out for --seed")
+    if getattr(cfg, "seeds", None) and any(arg == "--seed" or arg.startswith("--seed=") for arg in argv):
+        # --seeds names every seed the process trains; a --seed beside it was ignored, silently
+        raise OffrlError(f"--seed {cfg.seed} with --seeds {' '.join(map(str, cfg.seeds))}: --seeds names every seed "
+                         "the process trains; give the seed among them, or --seed alone")
     return cfg
 
 

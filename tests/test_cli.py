@@ -135,6 +135,10 @@ def test_config_files_and_options_that_cannot_work_together(tmp_path):
     assert named.resume == "auto" and named.log.name == "0-sweep"
     with pytest.raises(OffrlError, match="--seeds without a seed"):
         parse_config(bc.Config, ["--seeds"])
+    for given in (["--seed", "5"], ["--seed=0"]):  # ignored beside --seeds, silently
+        with pytest.raises(OffrlError, match="with --seeds 0 1: --seeds names every seed the process trains"):
+            parse_config(bc.Config, ["--seeds", "0", "1", *given])
+    assert parse_config(bc.Config, ["--seeds", "0", "1"]).seeds == (0, 1)
     for values, says in (({"steps": "abc"}, "t.steps: 'abc'"), ({"steps": None}, "t.steps: None"),
                          ({"data": None}, "t.data: None"), ({"eval": 5}, "t.eval: 5"), ({"steps": 1.5}, "t.steps: 1.5"),
                          ({"hidden": 16}, "t.hidden: 16"), ({"data": {"normalize_states": "yes"}}, "t.data.normalize_states")):
