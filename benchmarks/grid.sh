@@ -8,8 +8,8 @@
 #   JOBS=2 benchmarks/grid.sh [OUT_DIR]                  # everything (default OUT_DIR results/grid/runs)
 #   ONLY="bc iql" DATASETS="offrl/hopper/medium-v0" benchmarks/grid.sh   # a slice, e.g. for one session
 #   DRY_RUN=1 benchmarks/grid.sh                         # print the commands, run nothing
-#   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: each dynamics model's epochs, runs by
-#                                  state, steps and core-hours left
+#   STATUS=1 benchmarks/grid.sh [OUT_DIR]                # how far it got: each dataset (made here? the reference's
+#                                  bytes?), each dynamics model's epochs, runs by state, steps and core-hours left
 #                                  (give it the grid's own BF16, budgets and MODEL_*: BF16 names the variant
 #                                  folders, the budgets say which runs are finished, MODEL_EPOCHS/PRECISION/COMPILE
 #                                  which cached models are the grid's)
@@ -262,6 +262,23 @@ fi
 model_options=(--seed 0 --model.max-epochs "$model_epochs" --threads 1)
 [ "$model_precision" = fp32 ] || model_options+=(--model.precision "$model_precision")
 [ "$model_compile" = 0 ] || model_options+=(--model.compile)
+if [ "$status" = 1 ]; then  # each dataset: made here, and with the committed reference's bytes?
+  echo "datasets:"
+  python - "${datasets[@]}" <<'PY' || exit 2
+import sys
+
+from offrl.data import suite
+
+for dataset in sys.argv[1:]:
+    if not suite.exists(dataset):
+        print(f"  {dataset}: not made yet")
+    elif other := suite.differs_from_reference(dataset):
+        print(f"  {dataset}: made here with other bytes than the committed reference ({other[0]}, the reference "
+              f"{other[1]}): its runs are refused unless OTHER_DATA=1")
+    else:
+        print(f"  {dataset}: made" + (", the committed reference's bytes" if dataset in suite.reference_checksums() else ""))
+PY
+fi
 if [ "$status" = 1 ] && { wanted mopo || wanted mobile || wanted ravl; }; then
   # world_models.train --status for each dataset, in one process (torch imported once)
   echo "dynamics models (world_models.train $(quoted "${model_options[@]}")--status):"

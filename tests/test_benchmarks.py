@@ -936,6 +936,11 @@ def test_grid_script_makes_data_with_other_bytes_once_more_under_mkl_cbwr_then_r
     assert not (tmp_path / "runs" / "grid-fast").exists()  # no run started
     again = grid()
     assert again.returncode == 2 and "making it again" not in again.stderr
+    env["STATUS"] = "1"  # says so, and runs nothing
+    status = grid()
+    assert status.returncode == 0, status.stderr
+    assert "datasets:\n  offrl/tiny-v0: made here with other bytes than the committed reference (" in status.stdout
+    assert "the reference 0000000000000000): its runs are refused unless OTHER_DATA=1" in status.stdout
 
 
 def test_wsrl_script_dry_run_pre_trains_then_runs_four_variants_with_options_the_algorithms_accept(tmp_path):
