@@ -223,14 +223,20 @@ def test_a_stopped_training_resumes_to_the_same_model(tmp_path):
     trainer = EnsembleTrainer(stopped, inputs, targets, seed=1)
     for _ in range(3):
         trainer.train_epoch()
-    ckpt.save(tmp_path / "model.pt", trainer.state_dict())
-    torch.manual_seed(5)
-    resumed = DynamicsEnsemble(3, 2, cfg)
-    again = EnsembleTrainer(resumed, inputs, targets, seed=99)
-    again.load_state_dict(ckpt.load(tmp_path / "model.pt"))
-    fit(resumed, inputs, targets, trainer=again)
-    for name, value in straight.state_dict().items():
-        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+    state = trainer.state_dict()
+    assert {state[k].dtype for k in ("bootstrap", "train_rows", "holdout_rows")} == {torch.int32}  # compact files
+    ckpt.save(tmp_path / "model.pt", state)
+    # and a training.pt from before, its row indices int64, resumes the same
+    ckpt.save(tmp_path / "old.pt", {**state, **{k: state[k].long() for k in ("bootstrap", "train_rows", "holdout_rows")}})
+    for saved in ("model.pt", "old.pt"):
+        torch.manual_seed(5)
+        resumed = DynamicsEnsemble(3, 2, cfg)
+        again = EnsembleTrainer(resumed, inputs, targets, seed=99)
+        again.load_state_dict(ckpt.load(tmp_path / saved))
+        assert again.bootstrap.dtype == np.int64
+        fit(resumed, inputs, targets, trainer=again)
+        for name, value in straight.state_dict().items():
+            torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
