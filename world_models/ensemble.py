@@ -205,7 +205,6 @@ def transitions_to_training(observations: np.ndarray, actions: np.ndarray, rewar
     return inputs, targets
 
 
-
 def _int32(rows: np.ndarray) -> torch.Tensor:
     """Row indices of a dataset (fewer than 2**31 rows) as a compact int32 tensor for a checkpoint."""
     return torch.as_tensor(rows.astype(np.int32))
