@@ -83,6 +83,15 @@
 # (halfcheetah, 50k), and fp32 updates at one thread beside a dataset being made measured MOPO 14.5 ms, MOBILE
 # 145 ms, RAVL 229 ms and a dynamics-model step 45 ms.
 #
+# DT runs in fp32 as well in the grid's own command (its BF16 leaves dt out, so its runs are the variant dt): of
+# the four kinds of 2-core CPU the grid has run on, two emulate bf16 (the AVX2 EPYC above, a Xeon with AVX-512
+# but neither AVX512-BF16 nor AMX), and there a DT update took 734 ms under bf16 against 293 ms in fp32 and 242
+# compiled (that Xeon, one thread, the other core's runs paused: `python -m benchmarks.speed --algos dt --threads 1
+# --blocks 3 --per-block 5 --warmup 5`, with `--precision bf16` or `--compile`). In fp32 any of them runs DT, at
+# roughly 2400 s of updates per 10k-step run there. The grid's first DT runs, hopper medium-replay's three, ran
+# under bf16 (BF16 named dt then) on the Xeon with AMX; their folders stay and the table shows them as the row
+# dt-bf16 beside dt's fp32 ones. CQL keeps bf16: eight of its nine datasets had run under it.
+#
 # Fine-tuning (WSRL) is not in the grid: it needs its own CQL pre-training (10 LayerNorm critics; 63 ms a step
 # in bf16 on one thread of a 2-core AMD EPYC with the other core idle, 80 ms beside a second such run; 111 ms
 # with --run.compile as CQL compiled it then; on a 2-core Xeon with AMX now 108.7 eager, 61.9 compiled) and
