@@ -69,7 +69,7 @@ from benchmarks.sections import check_section, write_section
 from offrl.data import ReplayBuffer, TrainingData
 from offrl.data.dataset import Dataset
 from offrl.data.preprocess import Preprocessing
-from offrl.nets import PRECISIONS, gradient_step, precision_dtype
+from offrl.nets import PRECISIONS, gradient_step, precision_dtype, retain_freed_memory
 
 DEFAULT_ALGOS = ("bc", "td3_bc", "iql", "cql", "riql", "dt", "rcsl", "sac", "wsrl", "mopo", "mobile", "ravl", "dynamics",
                  "rollout")
@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = argv if argv is not None else sys.argv[1:]
     if args.markdown:  # before minutes of measuring, not after
         check_section(args.markdown, args.section or ("end-to-end" if args.end_to_end is not None else "updates"))
+    retain_freed_memory()  # the updates timed here keep freed memory as runs do (--run.retain-freed-memory)
     if args.end_to_end is not None:
         if args.precision != "fp32" or args.batch_size or args.compile:
             parser.error("with --end-to-end, set the runs' options in --run-args (e.g. '--run.precision bf16 "

@@ -29,6 +29,7 @@ from offrl import checkpoint as ckpt
 from offrl.config import from_dict, resolve_device
 from offrl.errors import CheckpointError, OffrlError
 from offrl.evaluation import evaluate
+from offrl.nets import retain_freed_memory
 
 
 def checkpoint_of(path: str | Path) -> Path:
@@ -72,6 +73,8 @@ def load_saved_run(path: str | Path, device: str = "auto", threads: int | None =
     threads = cfg.run.threads if threads is None else threads  # 0: torch's default, as --run.threads 0
     if threads > 0:
         torch.set_num_threads(threads)
+    if cfg.run.retain_freed_memory:
+        retain_freed_memory()
     setup = getattr(module, "eval_setup", None) or (lambda c, d: default_setup(module, c, d))
     agent, metadata = setup(cfg, resolve_device(device))
     ckpt.load_state_dicts({"agent": agent}, state["objects"], str(file))

@@ -45,7 +45,7 @@ from offrl.data.sources import sanitize
 from offrl.errors import CheckpointError, OffrlError, StopRequested, TrainingDiverged
 from offrl.evaluation import evaluate
 from offrl.logging import Logger, Progress, truncate_metrics, write_json
-from offrl.nets import gradient_step, warn_if_emulated_bf16
+from offrl.nets import gradient_step, retain_freed_memory, warn_if_emulated_bf16
 
 # Config fields (dotted paths; a section name covers all of it) that may change when a run is resumed:
 # they do not change the algorithm or its data, though threads, compiling, the device and flushing subnormals
@@ -57,7 +57,7 @@ RECORDED_DATA_OPTIONS = {"data.env_id": "env_id", "data.ref_min_score": "ref_min
                          "data.ref_max_score": "ref_max_score"}
 """Data options a resume may set, unset at the start, to the value the run's dataset.json recorded."""
 RESUMABLE_CHANGES = ("steps", "resume", "device", "eval", "log", "run.out_dir", "run.checkpoint_every",
-                     "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal")
+                     "run.threads", "run.compile", "run.cuda_graph", "run.flush_denormal", "run.retain_freed_memory")
 # The algorithms whose update reads --run.compile; the others take the option and would ignore it.
 COMPILING_ALGORITHMS = ("bc", "td3_bc", "iql", "riql", "cql", "dt", "wsrl")
 
@@ -157,6 +157,8 @@ class Run:
         self.device = resolve_device(cfg.device)
         if cfg.run.threads:  # 0: torch's default
             torch.set_num_threads(cfg.run.threads)
+        if cfg.run.retain_freed_memory:
+            retain_freed_memory()
         warn_if_emulated_bf16(cfg.run.precision, self.device, "--run.precision")
         if cfg.run.compile and algo not in COMPILING_ALGORITHMS:
             print(f"warning: --run.compile has no effect on {algo} (only {', '.join(COMPILING_ALGORITHMS)} "

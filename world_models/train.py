@@ -39,7 +39,7 @@ from offrl.config import resolve_device
 from offrl.data.dataset import Dataset
 from offrl.data.sources import NEXT_ROW, UNKNOWN_AT_EPISODE_ENDS
 from offrl.errors import CheckpointError, OffrlError, StopRequested
-from offrl.nets import seeded_cpu_init, warn_if_emulated_bf16
+from offrl.nets import retain_freed_memory, seeded_cpu_init, warn_if_emulated_bf16
 from world_models.ensemble import (DynamicsEnsemble, EnsembleConfig, EnsembleTrainer, check_config, fit,
                                    transitions_to_training)
 
@@ -298,6 +298,7 @@ def main(cfg: TrainModelConfig) -> Path | None:
     check_config(cfg.model, training=True)  # before a cache entry is made for it
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    retain_freed_memory()  # as runs do by default (--run.retain-freed-memory)
     if cfg.status:
         if cfg.dataset in suite.known_ids() and not suite.exists(cfg.dataset):
             print(f"{cfg.dataset}: dataset not made yet")
