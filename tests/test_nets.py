@@ -516,7 +516,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 @pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_retained_freed_memory_is_reused_without_page_faults():
     """With glibc's defaults, an eval-mode forward pass's 12 MiB activations go back to the OS when freed and
-    come back as fresh pages that fault in one by one, every pass (6,000-18,000 faults a pass here); after
+    come back as fresh pages that fault in one by one, every pass (about 6,000-18,000 faults a pass here); after
     retain_freed_memory() the freed blocks are reused."""
     import subprocess
     import sys
