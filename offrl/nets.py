@@ -236,14 +236,23 @@ def gradient_step(device: torch.device, precision: str, flush_denormal: bool = T
 
 @torch.library.custom_op("offrl::random_words", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def _random_words(like: torch.Tensor, count: int) -> torch.Tensor:
-    """`count` uniformly random int64 words from torch's generator, on `like`'s device. An op of its own so that
-    torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each of its 10 dropouts), and
-    Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled DT update, bf16, one
-    thread of a 2-core Xeon with AMX (`python -m benchmarks.speed --algos dt --precision bf16 --threads 1
-    --compile`, single runs, when Dropout drew 16 bits per element): 118.4 ms with Inductor's, 97.9-101.1 with
-    this op (eager 110-121); fp32 169.3 (eager 198.2). `like` is the tensor the words will mask, whose values are not read: a graph's
-    common-subexpression pass merged two calls of the same count into one (both layers then dropped the same
-    units), which the argument keeps apart."""
+    """`count` uniformly random int64 words on `like`'s device. On the CPU they come from numpy's PCG64 seeded with
+    one draw of torch's generator, so torch's generator (which seeds a run and is saved in its checkpoints) still
+    decides them and a resumed run draws the same words: torch's own `random_` runs its Mersenne Twister one word at
+    a time, 3.7-3.8 ms for the 245,760 words of one of DT's dropout layers against 0.9 ms (one thread of a 2-core
+    Xeon with AVX-512), and a DT update draws ten such masks. Elsewhere torch's `random_`.
+
+    An op of its own so that torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each
+    of its 10 dropouts), and Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled
+    DT update, bf16, one thread of a 2-core Xeon with AMX (`python -m benchmarks.speed --algos dt --precision bf16
+    --threads 1 --compile`, single runs, when Dropout drew 16 bits per element and the words came from torch's
+    `random_`): 118.4 ms with Inductor's, 97.9-101.1 with this op (eager 110-121); fp32 169.3 (eager 198.2).
+    `like` is the tensor the words will mask, whose values are not read: a graph's common-subexpression pass
+    merged two calls of the same count into one (both layers then dropped the same units), which the argument
+    keeps apart."""
+    if like.device.type == "cpu":
+        seed = int(torch.randint(2**62, (), dtype=torch.int64))
+        return torch.from_numpy(np.random.PCG64(seed).random_raw(count).view(np.int64))
     return torch.empty(count, dtype=torch.int64, device=like.device).random_(-2**63, 2**63 - 1)
 
 

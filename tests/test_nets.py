@@ -450,6 +450,23 @@ def test_ensemble_layer_norm_many_members_keep_one_batched_normalization(monkeyp
     assert len(calls) == 1 + 4
 
 
+def test_cpu_dropout_words_follow_torchs_seed_and_are_uniform_bits():
+    """The CPU dropout words (numpy's PCG64 seeded from torch's generator): the same torch seed gives the same
+    words, each call new ones, and each of the 64 bit positions is set in half the words (within 5 standard
+    errors over 200,000 words)."""
+    from offrl.nets import _random_words
+
+    like = torch.empty(0)
+    torch.manual_seed(3)
+    first, second = _random_words(like, 200_000), _random_words(like, 200_000)
+    torch.manual_seed(3)
+    assert torch.equal(_random_words(like, 200_000), first)
+    assert first.dtype == torch.int64 and not torch.equal(first, second)
+    words = first.numpy().view(np.uint64)
+    bits = (words[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+    assert np.abs(bits.mean(axis=0) - 0.5).max() < 5 * 0.5 / np.sqrt(len(words))
+
+
 def test_compiled_dropout_draws_the_eager_masks_once_each(monkeypatch):
     """offrl.nets.Dropout under torch.compile: one graph (its random words are an op of their own, not a graph
     break), the same masks as eager from the same seed (values and gradients), and each layer's words drawn
@@ -465,11 +482,15 @@ def test_compiled_dropout_draws_the_eager_masks_once_each(monkeypatch):
         return net(x).square().mean()
 
     draws = []
-    real = torch.Tensor.random_
+    real = np.random.PCG64
 
-    def counting_random_(self, *args, **kwargs):
-        draws.append(self.numel())
-        return real(self, *args, **kwargs)
+    class CountingPCG64:  # the CPU words' generator (offrl.nets._random_words), counting the words drawn
+        def __init__(self, seed):
+            self.generator = real(seed)
+
+        def random_raw(self, count):
+            draws.append(count)
+            return self.generator.random_raw(count)
 
     torch.manual_seed(1)
     eager = loss()
@@ -478,7 +499,7 @@ def test_compiled_dropout_draws_the_eager_masks_once_each(monkeypatch):
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     fast = compiling.compiled(loss)
     fast()  # compiles
-    monkeypatch.setattr(torch.Tensor, "random_", counting_random_)
+    monkeypatch.setattr(np.random, "PCG64", CountingPCG64)
     torch.manual_seed(1)
     value = fast()
     grads = torch.autograd.grad(value, list(net.parameters()))
