@@ -240,7 +240,9 @@ def _random_words(like: torch.Tensor, count: int) -> torch.Tensor:
     one draw of torch's generator, so torch's generator (which seeds a run and is saved in its checkpoints) still
     decides them and a resumed run draws the same words: torch's own `random_` runs its Mersenne Twister one word at
     a time, 3.7-3.8 ms for the 245,760 words of one of DT's dropout layers against 0.9 ms (one thread of a 2-core
-    Xeon with AVX-512), and a DT update draws ten such masks. Elsewhere torch's `random_`.
+    Xeon with AVX-512), and a DT update draws ten masks, seven of that size: its update took 294-305 ms eager and
+    249-257 compiled, against 325-413 and 327-344 with torch's words (two interleaved rounds there, a drifting
+    machine). Elsewhere torch's `random_`.
 
     An op of its own so that torch.compile keeps it whole: Dynamo cannot trace `random_` (DT's graph broke at each
     of its 10 dropouts), and Inductor's CPU random numbers (torch's dropout, in one graph) were slower. A compiled
