@@ -2,6 +2,9 @@
 
 import copy
 import math
+import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -534,14 +537,11 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_retained_freed_memory_is_reused_without_page_faults():
     """With glibc's defaults, an eval-mode forward pass's 12 MiB activations go back to the OS when freed and
     come back as fresh pages that fault in one by one, every pass (about 6,000-18,000 faults a pass here); after
     retain_freed_memory() the freed blocks are reused."""
-    import subprocess
-    import sys
-
     faults = {mode: float(subprocess.run([sys.executable, "-c", FREED_BLOCKS_PROBE, mode], capture_output=True,
                                          text=True, check=True).stdout)
               for mode in ("default", "retain")}
