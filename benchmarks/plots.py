@@ -48,9 +48,17 @@ def _save(fig, path: Path) -> Path:
 
 
 def _colors(labels: list[str]) -> dict[str, tuple]:
+    """A distinct colour per label: tab10 up to 10 labels, tab20 up to 20 (the grid has 11 variants, and tab10
+    wrapped its 11th onto the first's blue), then evenly spaced samples of a continuous map."""
     plt = _pyplot()
-    cmap = plt.get_cmap("tab10")
-    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+    if len(labels) <= 10:
+        cmap = plt.get_cmap("tab10")
+        return {label: cmap(i) for i, label in enumerate(labels)}
+    if len(labels) <= 20:
+        cmap = plt.get_cmap("tab20")
+        return {label: cmap(i) for i, label in enumerate(labels)}
+    cmap = plt.get_cmap("turbo")
+    return {label: cmap(i / (len(labels) - 1)) for i, label in enumerate(labels)}
 
 
 def _variants(summary: dict) -> list[str]:

@@ -519,6 +519,16 @@ def test_plots_cli_writes_the_pngs(sweeps, tmp_path):
     assert all((tmp_path / "p" / name).exists() for name in ("aggregates.png", "profiles.png"))
 
 
+@pytest.mark.parametrize("count", [3, 10, 11, 20, 21, 40])
+def test_plot_colors_are_distinct_per_variant(count):
+    """The committed grid plots 11 variants: each needs its own colour, not tab10's wrap back to the first."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import plots
+
+    colors = plots._colors([f"variant{i}" for i in range(count)])
+    assert len(colors) == count and len(set(colors.values())) == count
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_speed_benchmark_reports_every_algorithm(precision, tmp_path):
     """A smoke run (no timing is asserted): the report and the markdown table hold each algorithm."""
