@@ -51,11 +51,8 @@ def _colors(labels: list[str]) -> dict[str, tuple]:
     """A distinct colour per label: tab10 up to 10 labels, tab20 up to 20 (the grid has 11 variants, and tab10
     wrapped its 11th onto the first's blue), then evenly spaced samples of a continuous map."""
     plt = _pyplot()
-    if len(labels) <= 10:
-        cmap = plt.get_cmap("tab10")
-        return {label: cmap(i) for i, label in enumerate(labels)}
     if len(labels) <= 20:
-        cmap = plt.get_cmap("tab20")
+        cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
         return {label: cmap(i) for i, label in enumerate(labels)}
     cmap = plt.get_cmap("turbo")
     return {label: cmap(i / (len(labels) - 1)) for i, label in enumerate(labels)}
